@@ -49,10 +49,10 @@ def interrupt_sweep(process: subprocess.Popen, run_dirs: Sequence[Path], signum:
     """Send ``signum`` to the sweep ``process`` once each of ``run_dirs`` holds a checkpoint
     and a record (at most 120 s), to its whole process group with ``to_group`` (as a
     terminal sends Ctrl-C), and check that it ends as an interrupted sweep must: exit code
-    130 within 45 s, a last line that says so, each run recorded 'interrupted' with its
-    checkpoint kept and its claim released, and so listed in its summary. The process must
-    run in a session of its own (``start_new_session=True``) with text pipes; its group is
-    killed if anything fails."""
+    128 + ``signum`` (130 for SIGINT, 143 for SIGTERM) within 45 s, a last line that says
+    so, each run recorded 'interrupted' with its checkpoint kept and its claim released, and
+    so listed in its summary. The process must run in a session of its own
+    (``start_new_session=True``) with text pipes; its group is killed if anything fails."""
     try:
         deadline = time.monotonic() + 120
         while not all((d / CHECKPOINT_FILE).exists() and (d / RECORD_FILE).exists()
@@ -70,7 +70,7 @@ def interrupt_sweep(process: subprocess.Popen, run_dirs: Sequence[Path], signum:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-    assert process.returncode == 130, err
+    assert process.returncode == 128 + signum, err
     assert time.monotonic() - interrupted < 45
     assert err.strip().splitlines()[-1].startswith("creditaudit: sweep interrupted")
     summary = json.loads((run_dirs[0].parent / "sweep_summary.json").read_text())

@@ -164,6 +164,23 @@ def test_audit_of_several_runs_gives_one_report_each(runs, capsys, tmp_path):
     assert captured.err.startswith(f"creditaudit: error: {missing}: no run record")
 
 
+def test_json_of_several_runs_all_refused_is_an_empty_list(tmp_path, capsys):
+    """`audit runs/* --format json` where every run is refused printed nothing at all (not
+    a JSON document), so `json.load` in a script piping it broke, and with --output an
+    earlier report in the file was left standing; it is now `[]`, the refusals still on
+    stderr and the exit still 2."""
+    paths = [str(tmp_path / "a"), str(tmp_path / "b")]  # no record in either
+    assert main(["audit", *paths, "--format", "json", "-q"]) == 2
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == []
+    assert [line.split(":")[2].strip() for line in captured.err.splitlines()] == paths
+    out_file = tmp_path / "reports.json"
+    out_file.write_text("[{\"an earlier\": \"report\"}]")
+    assert main(["audit", *paths, "--format", "json", "-q", "--output", str(out_file)]) == 2
+    assert json.loads(out_file.read_text()) == []
+    assert capsys.readouterr().out == f"report: {out_file} (no run audited)\n"
+
+
 def test_audit_missing_run_exits_2_with_one_line(tmp_path, capsys):
     assert main(["audit", str(tmp_path / "nope")]) == 2
     assert "no run record" in _one_line_error(capsys)

@@ -40,7 +40,7 @@ def test_refused_runs_are_listed_as_refused_with_why_under_quiet(tmp_path, capsy
     lines = [line for line in captured.err.splitlines() if line.startswith("missing: ")]
     assert len(lines) == len(ids)
     for run_id, line in zip(ids, lines):
-        assert line.startswith(f"missing: {run_id} (refused): OutputError: ")
+        assert line.startswith(f"missing: {run_id} (refused): {out / run_id}: a file ")
         assert WHY in line
     summary = json.loads((out / "experiments" / "fresh_null.smoke.synthetic.json").read_text())
     meta = summary["meta"]
@@ -48,7 +48,7 @@ def test_refused_runs_are_listed_as_refused_with_why_under_quiet(tmp_path, capsy
     assert [m["status"] for m in meta["missing"]] == ["refused"] * len(ids)
     assert all(WHY in m["error"] for m in meta["missing"])
     markdown = (out / "experiments" / "fresh_null.smoke.synthetic.md").read_text()
-    assert f"`{ids[0]}` (refused: OutputError: " in markdown
+    assert f"`{ids[0]}` (refused: {out / ids[0]}: a file " in markdown
 
 
 def test_a_run_not_trained_with_no_train_stays_not_started(tmp_path, capsys):

@@ -393,26 +393,31 @@ def drawn(fig, name) -> list[float]:
 
 def test_audit_panels_plot_each_runs_protocol_values(results, records):
     """Each run's value in the colour of its verdict (the judgement's kind): a run whose (d)
-    was not evaluated is incomplete, never drawn as trustworthy."""
+    was not evaluated is incomplete, never drawn as trustworthy. A finished frozen-blocks
+    run is drawn as the baseline of (d), as the tables label it (it was drawn
+    'incomplete', its own (d) never evaluated, where every table says 'baseline of (d)')."""
+    from creditaudit.formatting import BASELINE_KIND
     from creditaudit.protocol import KINDS, judge
 
     index = RunIndex.from_dir(results, frozen_from_runs=False)  # each record's own (d)
     fig = audit_panels.build(index)[audit_panels.NAME]
     for id_ in "abc":
-        expected = {kind: [] for kind in KINDS.values()}
+        expected = {kind: [] for kind in [*KINDS.values(), BASELINE_KIND]}
         for r in records:
             value = r["protocol"]["report"]["diagnostics"][id_]["value"]
             statuses = {i: d["status"] for i, d in r["protocol"]["report"]["diagnostics"].items()}
-            kind = judge(statuses, r["reference"]).kind
+            kind = (BASELINE_KIND if r["config"]["method"]["name"] == "frozen"
+                    else judge(statuses, r["reference"]).kind)
             if value is not None and (id_ == "c" or value > 0):
                 expected[kind].append(value)
         assert not expected["pass"], expected  # (d) not evaluated: never drawn trustworthy
+        assert expected[BASELINE_KIND], expected  # the frozen runs' own points
         for kind, values in expected.items():
             np.testing.assert_allclose(drawn(fig, f"{id_}:{kind}"), sorted(values), rtol=1e-12)
         threshold = records[0]["protocol"]["report"]["diagnostics"][id_]["threshold"]
         np.testing.assert_allclose(line_y(fig, f"{id_}:threshold"), [threshold] * 2)
     # (d) was not evaluated in the records (no frozen accuracy given): nothing drawn.
-    for kind in KINDS.values():
+    for kind in [*KINDS.values(), BASELINE_KIND]:
         assert drawn(fig, f"d:{kind}") == []
 
 

@@ -400,6 +400,26 @@ def test_a_claim_that_cannot_be_written_is_one_line_and_removed(finished, tmp_pa
     assert not list(tmp_path.rglob(CLAIM_FILE))
 
 
+def test_a_full_disk_in_a_sweep_is_said_as_train_says_it(finished, tmp_path, capsys,
+                                                         monkeypatch):
+    """A sweep's run stopped by a full disk was listed 'interrupted: RUN: DiskFullError:
+    cannot write …' (progress line, table, summary), naming the exception's class where
+    train says the plain sentence; it now says what train says: what and how to fix it."""
+    sweep = tmp_path / "s.toml"
+    sweep.write_text(sweep_toml(tiny_config(finished.data, tmp_path / "out")))
+    with monkeypatch.context() as patch:
+        _failing(patch, "replace", errno.ENOSPC,
+                 when=lambda src, dst, *rest: Path(dst).name == CHECKPOINT_FILE)
+        status, stdout, err = run_cli(capsys, ["sweep", str(sweep), "--workers", "0"])
+    assert "Error" not in stdout + err, stdout + err
+    (run_dir,) = (tmp_path / "out").glob("*/")
+    said = (f"interrupted: {run_dir.name}: cannot write {run_dir / CHECKPOINT_FILE}: no space "
+            "left on the device: free some space and retry")
+    assert said in stdout, stdout
+    summary = json.loads((tmp_path / "out" / "sweep_summary.json").read_text())
+    assert [run["error"] for run in summary["runs"]] == [said.split(": ", 2)[2]]
+
+
 BAD_RECORDS = {
     "binary": bytes(range(256)),
     "not-utf8": b'{"schema": "creditaudit.run/2", "note": "\xff"}',

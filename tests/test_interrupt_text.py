@@ -6,6 +6,10 @@ other command says it was interrupted, claiming nothing."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 import pytest
 
 from creditaudit.cli import main
@@ -46,6 +50,28 @@ def test_ctrl_c_says_what_was_saved_and_the_advice_works(tmp_path, capsys, monke
     assert code == 0, err
     (folder,) = (tmp_path / "runs").iterdir()
     assert load_record(folder).status == "completed"
+
+
+def test_sigterm_exits_143_saying_what_was_saved(tmp_path, capsys, monkeypatch):
+    """SIGTERM (a job scheduler's stop) stops a run as Ctrl-C does, with the same line, but
+    exited 130, Ctrl-C's code; it now exits 143 (128 + SIGTERM), as a shell reports it."""
+    from creditaudit.run.trainer import Trainer
+
+    def close_epoch(self, *args, **kwargs):  # noqa: ANN001, ANN202
+        os.kill(os.getpid(), signal.SIGTERM)  # after epoch 1's training, before it is saved
+        time.sleep(5)  # the handler raises here
+        raise AssertionError("SIGTERM did not interrupt the run")
+
+    config = tmp_path / "run.toml"
+    config.write_text(toml_of({**TINY, "run.out_dir": str(tmp_path / "runs")}))
+    with monkeypatch.context() as patch:
+        patch.setattr(Trainer, "close_epoch", close_epoch)
+        code, err = run(capsys, ["train", "--config", str(config)])
+    assert code == 143, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("creditaudit: interrupted") and "run the same command" in line, line
+    (folder,) = (tmp_path / "runs").iterdir()
+    assert load_record(folder).status == "interrupted"
 
 
 def test_ctrl_c_elsewhere_claims_no_checkpoint(tmp_path, capsys, monkeypatch):

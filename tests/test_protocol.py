@@ -35,7 +35,7 @@ from creditaudit.protocol import (
 from creditaudit.protocol.diagnostics import ReferenceOptions, ReferenceValidity
 from creditaudit.records import CHECKPOINT_FILE
 from creditaudit.report import render, render_markdown, render_text
-from creditaudit.report.protocol import value_text
+from creditaudit.report.protocol import layer_rows, value_text
 from creditaudit.study.experiments.decision_utility import seed_decisions
 from creditaudit.study.experiments.temporal import depth_utility_trace
 from creditaudit.testing.diagnostics import evidence_cases
@@ -289,6 +289,28 @@ def test_a_value_rounded_onto_its_threshold_is_shown_with_the_digits_that_tell_i
     assert value_text(dataclasses.replace(a, value=694.2)) == "694"
     passed = evaluate_protocol(make_sg(), headline_acc=0.52, frozen_acc=0.50)
     assert diagnostic_cell(passed, "d") == "passed +2.00 pp"
+
+
+def test_per_layer_cells_tell_their_thresholds_and_cosines_keep_three_decimals():
+    """The per-layer table flagged a block growth of 50.04 'growth > threshold' (> 50×)
+    reading ``50``, and a ‖g_l‖ of 9.9996e-08 'below floor' (< 1e-07) reading ``1e-07``;
+    and the Markdown template's per-layer Γ had 2 decimals (+0.00 for a cosine of +0.004,
+    whose sign the aggregates' +0.004 beside it show) where every other cosine has 3. The
+    cells now carry the digits that tell their thresholds, and per-layer Γ has 3 decimals."""
+    report = evaluate_protocol(make_sg(h_norms=(1.0, 1.0, 50.04, 50.04, 50.04),
+                                       g_norms=(1e-3, 1e-3, 1e-3, 1e-3, 9.9996e-8)),
+                               **HEALTHY)
+    rows = {row[0]: row for row in layer_rows(report)}
+    assert rows["2"][2] == "50.04" and "growth > threshold" in rows["2"][5]
+    assert rows["3"][2] == "1"  # told by its format already
+    assert rows["4"][3] == "9.9996e-08" and "below floor" in rows["4"][5]
+    assert rows["0"][3] == "0.001"
+    cosines = [{"cos": 0.25}, {"cos": 0.004}, {"cos": -0.1}, {"cos": 0.5}, {"cos": 0.125}]
+    md = render_markdown(dataclasses.replace(report, layer_cosines=cosines))
+    cells = [cell.strip() for cell in md.splitlines()[2].split("|")]
+    per_layer = cells[md.splitlines()[0].split("|").index(" per-layer Γ ")]
+    assert per_layer.split(", ")[1] == "+0.004", per_layer
+    assert all(len(cos.split(".")[1]) == 3 for cos in per_layer.split(", "))
 
 
 def test_a_reason_states_a_value_rounded_onto_its_threshold_with_the_digits_that_tell():

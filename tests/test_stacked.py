@@ -652,6 +652,50 @@ def test_a_sweep_with_stack_trains_each_shape_as_one_stack(tmp_path, capsys):
     assert "6 runs (6 completed)" in capsys.readouterr().out  # nothing trained again
 
 
+# A stacked sweep SIGKILLed right after the first of its runs wrote its checkpoint of epoch 1.
+SWEEP_KILLED_BETWEEN_CHECKPOINTS = """
+import os, signal, sys
+from creditaudit.cli import main
+from creditaudit.run.trainer import Trainer
+original = Trainer.checkpoint
+def checkpoint(self, epoch):
+    original(self, epoch)
+    if epoch == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+Trainer.checkpoint = checkpoint
+main(["sweep", sys.argv[1], "--stack", "2", "--workers", "0", "-q"])
+"""
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
+def test_a_sweep_stack_killed_between_its_epoch_1_checkpoints_records_its_threads(tmp_path):
+    """Killed (-9) between its runs' checkpoint writes of epoch 1, a stacked sweep resumed
+    with the run ahead put back to its initial weights, and so started over; but the sweep
+    had chosen its thread count from the epoch-1 checkpoint, before it was put back, as for
+    a run going on from a trained epoch: its record read run.threads = None where the
+    uninterrupted twin's reads the sweep's count (numbers identical). It now reads the
+    sweep's count, as the twin's: the records are equal."""
+    from creditaudit.cli import main
+
+    sweeps = {}
+    for name in ("straight", "killed"):
+        sweeps[name] = tmp_path / f"{name}.toml"
+        sweeps[name].write_text(SWEEP.format(out=tmp_path / name).replace(
+            '"fa-linear"', "").replace("[1, 2, 3]", "[1, 2]").replace("epochs = 1", "epochs = 2"))
+    assert main(["sweep", str(sweeps["straight"]), "--stack", "2", "--workers", "0", "-q"]) == 0
+    killed = subprocess.run([sys.executable, "-c", SWEEP_KILLED_BETWEEN_CHECKPOINTS,
+                             str(sweeps["killed"])], capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    dirs = sorted(d for d in (tmp_path / "killed").iterdir() if d.is_dir())
+    assert [load_checkpoint(d / CHECKPOINT_FILE)["epoch"] for d in dirs] == [1, 0]
+    assert main(["sweep", str(sweeps["killed"]), "--stack", "2", "--workers", "0", "-q"]) == 0
+    for run_dir in dirs:
+        straight, resumed = load_record(tmp_path / "straight" / run_dir.name), load_record(run_dir)
+        assert resumed.status == "completed"
+        assert resumed.config.run.threads == straight.config.run.threads is not None
+        assert comparable(resumed) == comparable(straight)
+
+
 def test_the_dry_run_and_header_describe_the_stacks_and_workers_of_the_runs_to_train(
         tmp_path, capsys):
     # they grouped every run, finished ones too, while the sweep groups only those left, and

@@ -625,7 +625,7 @@ def test_demo_command_trains_and_summarises_four_methods(tmp_path, capsys):
     margin = 100 * (bp.final_acc - frozen.final_acc)
     assert "(d) depth utility" in out
     assert f"bp          {margin:+7.1f} pp" in out
-    assert "frozen baseline of (d)" in out  # the baseline's own row gets no verdict
+    assert "baseline of (d)" in out  # the baseline's own row gets no verdict
     # The next step it prints is the exact audit command of its own DFA run, and it runs.
     command = out.strip().splitlines()[-1].strip()
     dfa = next(r for r in records if r.method == "dfa")

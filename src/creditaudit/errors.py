@@ -86,6 +86,13 @@ def unrecorded_note(err: BaseException) -> str:
     return "".join(f"; {note}" for note in notes if note.startswith(UNRECORDED))
 
 
+def error_line(err: CreditAuditError) -> str:
+    """What a user is told of ``err``: its own sentence (what went wrong and how to fix it,
+    e.g. a full disk's "cannot write …: no space left on the device: free some space and
+    retry"), with :func:`unrecorded_note`; not its class's name."""
+    return str(err) + unrecorded_note(err)
+
+
 def ended_by_ray(err: BaseException) -> bool:
     """Whether ``err`` is the ``SystemExit`` Ray raises in a worker it shuts down (a sweep
     interrupted past its unwind time, a cluster stopped), wherever the worker was — in

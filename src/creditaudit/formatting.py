@@ -13,6 +13,9 @@ from typing import Any
 # for a run whose reference gradient failed its check (its cosines measure nothing).
 PASS_COLOR, WALK_BACK_COLOR, INCOMPLETE_COLOR = "#004488", "#BB5566", "#DDAA33"
 UNVERIFIED_COLOR = "#BBBBBB"
+# The figures' points of a frozen-blocks run, the baseline of (d) (the tables print its
+# verdict cell uncoloured).
+BASELINE_KIND, BASELINE_COLOR = "baseline", "#000000"
 # A verdict's kind (creditaudit.protocol.KINDS) → its colour, and the text colour on it.
 VERDICT_COLORS = {"pass": PASS_COLOR, "walk-back": WALK_BACK_COLOR,
                   "incomplete": INCOMPLETE_COLOR, "unverified": UNVERIFIED_COLOR}

@@ -2,8 +2,9 @@
 
 Each subcommand module defines ``add_parser(subparsers)`` and ``run(args) -> int``. User
 errors (:class:`~creditaudit.errors.CreditAuditError`, and operating-system errors on the
-user's files) end in one line on stderr and exit code 2; an interrupted run exits 130; a
-reader that closed stdout (``| head -1``) ends the command quietly, exit 141. An
+user's files) end in one line on stderr and exit code 2; an interrupted run exits 130
+(Ctrl-C) or 143 (SIGTERM); a reader that closed stdout (``| head -1``) ends the command
+quietly, exit 141. An
 unexpected error — or a ``sys.exit`` — out of a guest's code (a plugin, a model factory:
 :mod:`creditaudit.guests.blame`) is that guest's, named in one line (exit 2); any other unexpected
 error (a bug) prints one line asking for a report (exit 1). ``--verbose`` shows the
@@ -30,8 +31,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
 from creditaudit.caller import for_command_line
-from creditaudit.cli.common import refused_together
-from creditaudit.errors import CreditAuditError, GuestError, unrecorded_note
+from creditaudit.cli.common import Terminated, interrupted_exit_code, refused_together
+from creditaudit.errors import CreditAuditError, GuestError, error_line, unrecorded_note
 from creditaudit.files.safe_files import describe_os_error
 from creditaudit.formatting import plain_line
 from creditaudit.guests.blame import guest_failure, guest_output_to_stderr
@@ -125,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _terminate(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+    raise Terminated
 
 
 @contextlib.contextmanager
@@ -186,8 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CreditAuditError as err:
         if args.verbose and isinstance(err, GuestError) and err.__cause__ is not None:
             traceback.print_exception(err.__cause__, file=sys.stderr)
-        print(f"creditaudit: error: {_one_line(str(err) + unrecorded_note(err))}",
-              file=sys.stderr)
+        print(f"creditaudit: error: {_one_line(error_line(err))}", file=sys.stderr)
         return 2
     except SystemExit as err:
         blamed = guest_failure(err)
@@ -203,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # else is claimed.
         notes = getattr(interrupt, "__notes__", None)
         print(f"creditaudit: interrupted{'; ' + notes[-1] if notes else ''}", file=sys.stderr)
-        return 130
+        return interrupted_exit_code(interrupt)
     except Exception as err:
         if args.verbose:
             raise

@@ -113,7 +113,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         text = _joined([(path, render(report, args.format)) for path, report in reports],
                        args.format, several=several)
-    if args.output and reports:
+    # JSON is a document even when every run was refused (an empty list): a script reading
+    # it parses it, and an earlier report in --output is not left standing as this one's.
+    written = bool(reports) or args.format == "json"
+    if args.output and written:
         try:
             atomic_write_bytes(Path(args.output), (text + "\n").encode())
         except OutputError as err:
@@ -121,8 +124,8 @@ def run(args: argparse.Namespace) -> int:
             print(text)
             raise type(err)(f"{err}; the report is printed above instead") from None
         verdicts = "; ".join(report.judgement.text for _, report in reports)
-        print(f"report: {args.output} ({verdicts})")
-    elif reports:
+        print(f"report: {args.output} ({verdicts or 'no run audited'})")
+    elif written:
         print(text)
     return 2 if failed else 0
 
@@ -133,7 +136,7 @@ def _joined(reports: list[tuple[str, str]], form: str, *, several: bool) -> str:
     if not several:
         return reports[0][1] if reports else ""
     if form == "json":
-        return "[\n" + ",\n".join(text for _, text in reports) + "\n]"
+        return "[\n" + ",\n".join(text for _, text in reports) + "\n]" if reports else "[]"
     title = {"text": "== {} ==", "md": "### {}"}[form]
     name = markdown_text if form == "md" else plain_line  # a folder's name, read as itself
     return "\n\n".join(f"{title.format(name(path))}\n{text}" for path, text in reports)

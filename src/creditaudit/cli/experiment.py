@@ -14,6 +14,7 @@ from creditaudit.cli.common import (
     add_device_options,
     device_flags,
     folder,
+    interrupted_exit_code,
     refusals_in_flags,
     refuse_together,
 )
@@ -282,11 +283,11 @@ def run(args: argparse.Namespace) -> int:
                                         device=args.device, precision=args.precision,
                                         train=not args.no_train, choices=choices,
                                         watch=progress.watch)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         progress.close()
         print("creditaudit: experiment interrupted; finished epochs are checkpointed: run the "
               "same command again to resume", file=sys.stderr)
-        return 130
+        return interrupted_exit_code(interrupt)
     finally:
         progress.close()
     missing: dict[str, dict] = {}  # run id → its entry: a run experiments share, named once

@@ -26,6 +26,7 @@ from creditaudit.cli.common import (
     env_overrides,
     finite_float,
     folder,
+    interrupted_exit_code,
     refusals_in_flags,
 )
 from creditaudit.cli.sweep_executor import (
@@ -187,8 +188,9 @@ def _dry_run(sweep: Any, expansion: Any, plans: list[Any], args: argparse.Namesp
 @contextlib.contextmanager
 def exit_on_signal(message: str, grace: float = 2.0) -> Iterator[None]:
     """While the body runs, SIGINT or SIGTERM end the process within ``grace`` seconds with
-    ``creditaudit: MESSAGE`` and exit code 130, even when the body is blocked in C code that
-    does not return to Python (``ray.init`` retrying a head for minutes, deaf to Ctrl-C).
+    ``creditaudit: MESSAGE`` and exit code 130 (SIGINT) or 143 (SIGTERM), even when the body
+    is blocked in C code that does not return to Python (``ray.init`` retrying a head for
+    minutes, deaf to Ctrl-C).
 
     Only for a body that starts nothing needing cleanup. Python's signal handlers run in
     the main thread only once it is back in Python; the wakeup fd is written by the
@@ -207,12 +209,13 @@ def exit_on_signal(message: str, grace: float = 2.0) -> Iterator[None]:
         while not done.is_set():
             if not select.select([reader], [], [], 0.2)[0]:
                 continue
-            signals: set[int] = set()
+            received = b""
             with contextlib.suppress(OSError):
-                signals = set(reader.recv(64))
-            if signals & {signal.SIGINT, signal.SIGTERM} and not done.wait(grace):
+                received = reader.recv(64)
+            stops = [signum for signum in received if signum in (signal.SIGINT, signal.SIGTERM)]
+            if stops and not done.wait(grace):
                 print(f"creditaudit: {message}", file=sys.stderr, flush=True)
-                os._exit(130)
+                os._exit(interrupted_exit_code(stops[0]))
 
     watcher = threading.Thread(target=watch, name="creditaudit-signal-watch", daemon=True)
     watcher.start()
@@ -324,12 +327,12 @@ def run(args: argparse.Namespace) -> int:
                                               "executor": executor.name,
                                               "grid_keys": grid_keys},
                                stack=args.stack, written_by=str(args.sweep_file))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         if progress is not None:
             progress.close()
         print("creditaudit: sweep interrupted; finished epochs are checkpointed: run the same "
               "command again to resume", file=sys.stderr)
-        return 130
+        return interrupted_exit_code(interrupt)
     finally:
         if progress is not None:
             progress.close()

@@ -41,8 +41,9 @@ from creditaudit.figures.common import (
 from creditaudit.figures.runs import (
     MissingRuns,
 )
-from creditaudit.formatting import VERDICT_COLORS
+from creditaudit.formatting import BASELINE_COLOR, BASELINE_KIND, VERDICT_COLORS
 from creditaudit.protocol import KINDS, WALK_BACK, DiagnosticReport, in_order
+from creditaudit.protocol.records import BASELINE_TEXT, baseline_text, is_frozen_baseline
 from creditaudit.protocol.verdicts import reads_reference
 from creditaudit.records import RunRecord
 from creditaudit.registry import DIAGNOSTICS
@@ -138,10 +139,14 @@ def panel_points(pairs: list[tuple[RunRecord, DiagnosticReport]]
         place = next(i for i, peer in enumerate(peers) if peer is run)
         offset = (place - (len(peers) - 1) / 2) * min(0.12, 0.6 / len(peers))
         judged = report.judgement
+        verdict, kind = judged.verdict, judged.kind
+        if is_frozen_baseline(run) and run.is_finished \
+                and baseline_text(run) == BASELINE_TEXT:  # as the tables label it
+            verdict, kind = BASELINE_TEXT, BASELINE_KIND
         for result in report.diagnostics:
             points[result.id].append({
                 "x": cats.index(cat) + offset, "value": result.value,
-                "verdict": judged.verdict, "kind": judged.kind,
+                "verdict": verdict, "kind": kind,
                 "walked_back": judged.verdict == WALK_BACK,
                 "hollow": reads_reference(result.id) and judged.reference_verified is False,
                 "stopped_early": bool(run.stopped_early),
@@ -184,13 +189,13 @@ def build(index: RunIndex) -> dict[str, Figure]:
     for ax, panel in zip(axes.flat, panels):
         id_, on_log = panel.id, panel.log
         pts = points[id_]
-        for verdict, kind in KINDS.items():
+        for verdict, kind in [*KINDS.items(), (BASELINE_TEXT, BASELINE_KIND)]:
             chosen = [p for p in pts if p["kind"] == kind and drawable(p, on_log)]
             for hollow in (False, True):
                 shown = [p for p in chosen if p["hollow"] == hollow]
                 if not shown:
                     continue
-                color = VERDICT_COLORS[kind]
+                color = {**VERDICT_COLORS, BASELINE_KIND: BASELINE_COLOR}[kind]
                 ax.scatter([p["x"] for p in shown], [p["value"] for p in shown],
                            facecolors="white" if hollow else color,
                            edgecolors=color if hollow else "k",

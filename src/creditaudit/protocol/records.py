@@ -247,6 +247,17 @@ def not_a_baseline(record: RunRecord) -> str | None:
     return None
 
 
+# A finished frozen-blocks run's verdict, in every table and figure (its method names it).
+BASELINE_TEXT = f"baseline of {DepthUtility.id_label()}"
+
+
+def baseline_text(record: RunRecord) -> str:
+    """What tables and figures say of a finished frozen-blocks run in place of a verdict:
+    the baseline of (d), or why it is none (:func:`not_a_baseline`)."""
+    why = not_a_baseline(record)
+    return BASELINE_TEXT if why is None else f"no {BASELINE_TEXT}: {why}"
+
+
 def baseline_runs(record: RunRecord, records: Iterable[RunRecord]) -> list[RunRecord]:
     """The finished frozen-blocks runs of ``record``'s recipe among ``records`` that have a
     final accuracy — the one place the baseline of (d) is chosen. A frozen run that stopped
@@ -341,5 +352,6 @@ class RecordSet:
 
 __all__ = ["Verdict", "RecordSet", "record_verdict", "record_report", "recorded_statuses",
            "not_judged_reason", "unjudged_report", "baseline_runs", "not_a_baseline",
+           "BASELINE_TEXT", "baseline_text",
            "frozen_baseline", "is_frozen_baseline", "model_description", "record_metadata",
            "arch_variant", "draws_default_feedback"]

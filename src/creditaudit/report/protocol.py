@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from creditaudit.descriptions import CREDIT_NOT_FINITE, GRADIENT_NOT_FINITE
-from creditaudit.formatting import fmt, markdown_text, one_line, plain_line
+from creditaudit.formatting import fmt, markdown_text, one_line, plain_line, telling_number
 from creditaudit.methods import credit_formula
 from creditaudit.protocol import (
     FIRED,
@@ -24,6 +24,7 @@ from creditaudit.protocol import (
     DiagnosticReport,
     DiagnosticResult,
     Judgement,
+    ReferenceValidity,
     ResidualStreamScale,
     block_growths,
     default_names,
@@ -124,6 +125,15 @@ def measured(value: float | None, spec: str = ".3g") -> str:
     return "NaN" if isinstance(value, float) and math.isnan(value) else fmt(value, spec)
 
 
+def against(value: float | None, diagnostic: Any, threshold: float) -> str:
+    """A measured number (:func:`measured`) in ``diagnostic``'s format, with the digits it
+    takes to tell which side of ``threshold`` it lies (:func:`telling_number`): a growth of
+    50.04 flagged above 50× reads ``50.04``, not ``50``."""
+    if value is None or not math.isfinite(value):
+        return measured(value)
+    return telling_number(value, diagnostic.value_format, diagnostic.operator, threshold)
+
+
 def layer_rows(report: DiagnosticReport) -> list[tuple[str, ...]]:
     """Per-layer cells: layer, ‖h_l‖, growth into l (for h_0: since initialisation, as (a)
     measured it), ‖g_l‖, cos (marked when the reference is not verified), flags."""
@@ -150,7 +160,9 @@ def layer_rows(report: DiagnosticReport) -> list[tuple[str, ...]]:
             flags.append("‖g‖ NaN/Inf at some samples")
         elif defined is not None and defined < 1:
             flags.append(f"cos over {defined:.0%} of samples (the rest: zero credit or gradient)")
-        rows.append((str(layer), measured(h), measured(growth), measured(g),
+        rows.append((str(layer), measured(h),
+                     against(growth, ResidualStreamScale, report.thresholds.growth),
+                     against(g, ReferenceValidity, report.thresholds.grad_floor),
                      judged.mark(fmt(cos, "+.3f")), ", ".join(flags)))
     return rows
 
@@ -212,7 +224,7 @@ def render_markdown(report: DiagnosticReport) -> str:
     show, beside the frozen-blocks accuracy), the diagnostics and a per-layer table."""
     meta = report.metadata
     judged = report.judgement
-    per_layer_gamma = (", ".join(fmt(row["cos"], "+.2f") for row in report.layer_cosines)
+    per_layer_gamma = (", ".join(fmt(row["cos"], "+.3f") for row in report.layer_cosines)
                        if report.layer_cosines else "—")
     per_layer_gamma = judged.mark(per_layer_gamma)
     gamma = (judged.mark(fmt(report.headline_gamma, '+.3f'))

@@ -15,12 +15,11 @@ from creditaudit.protocol import (
     Judgement,
     ResidualStreamScale,
 )
-from creditaudit.protocol.records import RecordSet, is_frozen_baseline, not_a_baseline
+from creditaudit.protocol.records import RecordSet, baseline_text, is_frozen_baseline
 from creditaudit.records import RunRecord
 from creditaudit.records.claim_files import claim_state
 from creditaudit.results import diverged_epoch_text, stopped_early_text
 
-BASELINE_TEXT = f"frozen baseline of {DepthUtility.id_label()}"
 # After each headline number of a diverged run: it is of the run's last finite epoch.
 DIVERGED_MARK = "‡"
 # The § footnote's cause, by ``cos_invalid`` reason.
@@ -207,8 +206,7 @@ def format_run_summary(records: Sequence[RunRecord], *, use_frozen_runs: bool = 
         run_verdict = index.verdict(record)
         judged, statuses = run_verdict.judgement, run_verdict.statuses
         if is_frozen_baseline(record):
-            why = not_a_baseline(record)
-            verdict = BASELINE_TEXT if why is None else f"no {BASELINE_TEXT}: {why}"
+            verdict = baseline_text(record)
         elif record.protocol.epoch is None:
             verdict = "—"
         else:

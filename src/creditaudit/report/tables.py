@@ -23,12 +23,11 @@ from creditaudit.protocol import (
     INCOMPLETE,
     KINDS,
     NOT_EVALUATED,
-    DepthUtility,
     DiagnosticReport,
     default_names,
     in_order,
 )
-from creditaudit.protocol.records import is_frozen_baseline, model_description, not_a_baseline
+from creditaudit.protocol.records import baseline_text, is_frozen_baseline, model_description
 from creditaudit.records import RunRecord
 from creditaudit.report.protocol import VERDICT_COLUMN, value_text
 from creditaudit.report.runs import (
@@ -113,10 +112,7 @@ def verdict_cell(report: DiagnosticReport | None, run: RunRecord) -> tuple[str, 
     ``unverified``: :attr:`Judgement.kind`, the colour report.html gives it — or None for
     a frozen baseline's label)."""
     if is_frozen_baseline(run) and run.is_finished:
-        why = not_a_baseline(run)
-        if why is not None:
-            return f"no baseline of {DepthUtility.id_label()}: {why}", None
-        return f"baseline of {DepthUtility.id_label()}", None
+        return baseline_text(run), None
     if report is None:
         if run.status in ("failed", "interrupted", "running"):
             return f"— (run {run.status})", KINDS[INCOMPLETE]

@@ -49,12 +49,13 @@ def drop_previous(run_dirs: Sequence[Path]) -> None:
             (run_dir / PREVIOUS_FILE).unlink()
 
 
-def resume_together(run_dirs: Sequence[Path]) -> None:
+def resume_together(run_dirs: Sequence[Path]) -> dict[Path, int]:
     """Before the runs of ``run_dirs`` (a stack to resume) start: when a kill came between
     their checkpoint writes of an epoch (some runs hold a checkpoint of epoch e with their
     checkpoint of e − 1 kept beside it, the others still that of e − 1, kept too, not yet
     replaced), the runs ahead go back to e − 1, so every run resumes from the same epoch.
-    Any other state is left as it is (the kept names go when each run starts)."""
+    Any other state is left as it is (the kept names go when each run starts). Returns the
+    runs put back, each with the epoch it now resumes from (none when called again)."""
     ahead, behind = [], []
     for run_dir in run_dirs:
         checkpoint, previous = run_dir / CHECKPOINT_FILE, run_dir / PREVIOUS_FILE
@@ -64,16 +65,19 @@ def resume_together(run_dirs: Sequence[Path]) -> None:
             continue
         (behind if same else ahead).append(run_dir)
     if not ahead or not behind:
-        return
+        return {}
     epochs = {_epoch(run_dir / CHECKPOINT_FILE) for run_dir in behind}
     if len(epochs) != 1 or None in epochs:
-        return
+        return {}
     (epoch,) = epochs
+    put_back = {}
     for run_dir in ahead:
         if _epoch(run_dir / PREVIOUS_FILE) == epoch:
             os.replace(run_dir / PREVIOUS_FILE, run_dir / CHECKPOINT_FILE)
+            put_back[run_dir] = epoch
             log.info("run %s resumes from epoch %d with the rest of its stack (it was "
                      "stopped while the stack wrote its checkpoints)", run_dir.name, epoch)
+    return put_back
 
 
 def _epoch(path: Path) -> int | None:

@@ -25,6 +25,7 @@ from creditaudit.errors import (
     NewerRecordError,
     OutputError,
     RunRecordError,
+    error_line,
 )
 from creditaudit.files.safe_files import describe_os_error
 from creditaudit.records import FINISHED
@@ -93,6 +94,17 @@ def disk_status(run_dir: Path) -> tuple[str | None, str | None]:
 
 
 
+def on_threads(plan: RunPlan, threads: int | None, epoch: int | None) -> RunPlan:
+    """``plan`` resumed from its checkpoint of ``epoch``, on the torch thread count a sweep
+    gives it. The sweep's ``threads`` are for the runs it starts: a run resumed from a
+    trained epoch goes on with the count its epochs ran on (``run.threads`` unset; another
+    count would change the last bits of its numbers); one whose checkpoint holds only its
+    initial weights (``epoch`` 0) starts over (``restartable``), on the sweep's count,
+    which its record says as its uninterrupted twin's does."""
+    kept = threads if epoch == 0 else None
+    return dataclasses.replace(plan, config=plan.config.replace(**{"run.threads": kept}))
+
+
 @dataclass
 class ClaimedRun:
     """A run claimed for training: its plan, claim, the train() flags, its event log."""
@@ -130,7 +142,7 @@ def begin_run(config_dict: dict[str, Any], run_id: str | None, *, retry_failed: 
     except CreditAuditError as err:
         if run_id is None:
             raise
-        outcome.update(status="failed", action="refused", error=f"{type(err).__name__}: {err}")
+        outcome.update(status="failed", action="refused", error=error_line(err))
         return outcome, None
     outcome["run_id"] = own_id
     out_dir = Path(plan.config.run.out_dir)
@@ -156,7 +168,7 @@ def begin_run(config_dict: dict[str, Any], run_id: str | None, *, retry_failed: 
     except DiskFullError:
         raise  # no run can be written: the sweep stops, and the next one goes on from here
     except OutputError as err:  # this run's folder cannot be claimed; the others go on
-        outcome.update(status="failed", action="refused", error=f"{type(err).__name__}: {err}")
+        outcome.update(status="failed", action="refused", error=error_line(err))
         event("end", status="failed", error=outcome["error"])
         return outcome, None
     if claim is None:
@@ -178,13 +190,7 @@ def begin_run(config_dict: dict[str, Any], run_id: str | None, *, retry_failed: 
             action, kwargs = "trained", {"force": has_checkpoint}
         elif trained or (status in ("running", "interrupted", "failed") and has_checkpoint):
             action, kwargs = "resumed", {"resume": True}
-            # The sweep's thread count is for the runs it starts: a resumed run goes on with the
-            # count its epochs ran on (another would change the last bits of its numbers). One
-            # whose checkpoint holds only its initial weights starts over (``restartable``),
-            # recording the sweep's count as its uninterrupted twin does.
-            if epoch != 0:
-                plan = dataclasses.replace(plan,
-                                           config=plan.config.replace(**{"run.threads": None}))
+            plan = on_threads(plan, plan.config.run.threads, epoch)
         else:  # corrupt record and nothing trained kept, or died before its first
             # checkpoint: start over
             action, kwargs = "restarted", {"force": True}

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from creditaudit.config import config_from_dict
-from creditaudit.errors import OutputError
+from creditaudit.errors import CreditAuditError, OutputError, error_line
 from creditaudit.records import FINISHED
 from creditaudit.records.claims import CLAIM_FILE, read_claim, release_claim, try_claim
 from creditaudit.sweep.claiming import SWEEP_LOG_FILE, append_event, disk_status
@@ -84,7 +84,9 @@ def ray_task_reason(err: BaseException) -> str:
     e.g. a full disk's DiskFullError), else the first line of Ray's error (whose first line
     of a RayTaskError names only Ray's function, its pid and node, in terminal colours)."""
     cause = getattr(err, "cause", None)
-    text = f"{type(cause).__name__}: {cause}" if isinstance(cause, Exception) else str(err)
+    text = (error_line(cause) if isinstance(cause, CreditAuditError)  # its own sentence
+            else f"{type(cause).__name__}: {cause}" if isinstance(cause, Exception)
+            else str(err))
     return (text.strip().splitlines() or [type(err).__name__])[0]
 
 

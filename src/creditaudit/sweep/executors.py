@@ -107,13 +107,14 @@ def default_workers(threads_per_worker: int = 1) -> int:
 
 
 def _shut_down(pool: Any, processes: list[Any], seconds: float, *,
-               patient: bool = False) -> bool:
+               patient: bool = False) -> KeyboardInterrupt | None:
     """``pool.shutdown`` once the interrupted worker ``processes`` are done; those still
     running after ``seconds``, or at a KeyboardInterrupt while waiting, are killed, so a
     sweep never waits on a worker that does not stop. ``patient``: the sweep was not
     interrupted yet (a dead worker broke the pool, which interrupted the others): a first
     KeyboardInterrupt while waiting lets the workers finish recording it, a second kills
-    them. Returns whether a KeyboardInterrupt arrived (the caller must then stop)."""
+    them. Returns the KeyboardInterrupt that arrived, if one did (the caller must then raise
+    it: Ctrl-C and SIGTERM end the sweep with different exit codes)."""
     import threading
     import time
 
@@ -129,16 +130,16 @@ def _shut_down(pool: Any, processes: list[Any], seconds: float, *,
 
     threading.Thread(target=close, name="creditaudit-pool-shutdown", daemon=True).start()
     deadline = time.monotonic() + seconds
-    interrupted = False
+    interrupted: KeyboardInterrupt | None = None
     while not done.is_set() and time.monotonic() < deadline:
         try:
             done.wait(max(0.0, deadline - time.monotonic()))
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as interrupt:
             if interrupted or not patient:
                 log.warning("interrupted again: killing the sweep's worker processes")
-                interrupted = True
+                interrupted = interrupted or interrupt
                 break
-            interrupted = True
+            interrupted = interrupt
             log.warning("interrupted: waiting for the sweep's worker processes to record "
                         "it (interrupt again to kill them)")
     if not done.is_set():
@@ -283,8 +284,8 @@ class LocalExecutor:
             return [], {}, ended
         # The pool interrupted its other workers: wait until they have recorded it. A
         # Ctrl-C meanwhile is the sweep's: it stops here, no new pool is started.
-        if _shut_down(pool, processes, UNWIND_SECONDS, patient=True):
-            raise KeyboardInterrupt
+        if interrupt := _shut_down(pool, processes, UNWIND_SECONDS, patient=True):
+            raise interrupt
         dead = {process.pid: process.exitcode
                 for process in processes if process.exitcode is not None}
         return [tasks[i] for i in sorted(unfinished)], dead, ended

@@ -15,13 +15,14 @@ from typing import Any
 import torch
 
 from creditaudit.caller import FORCE, for_command_line
-from creditaudit.config import RunConfig
+from creditaudit.config import RunConfig, config_from_dict
 from creditaudit.errors import (
     UNRECORDED,
     DiskFullError,
     OutputError,
     RunRecordError,
     ended_by_ray,
+    error_line,
 )
 from creditaudit.guests.blame import guest_failure
 from creditaudit.records import FINISHED
@@ -33,12 +34,14 @@ from creditaudit.records.claims import (
     read_claim,
     release_claim,
 )
+from creditaudit.run.stack_checkpoints import resume_together
 from creditaudit.sweep.claiming import (
     SWEEP_LOG_FILE,
     ClaimedRun,
     append_event,
     begin_run,
     disk_status,
+    on_threads,
 )
 from creditaudit.sweep.outcome import TAKEN_OVER, Outcome, new_outcome
 from creditaudit.sweep.worker_process import WORKER_STATE
@@ -170,7 +173,7 @@ def run_one(config_dict: dict[str, Any], *, run_id: str | None = None,
                 result = train(run.plan, **run.kwargs)
             outcome.update(status=result.status, error=result.record.error)
         except DiskFullError as err:  # not the run's fault: it resumes once space is freed
-            outcome.update(status="interrupted", error=f"{type(err).__name__}: {err}")
+            outcome.update(status="interrupted", error=error_line(err))
         except KeyboardInterrupt:
             outcome.update(status="interrupted")
             run.event("end", status="interrupted")
@@ -221,6 +224,15 @@ def run_group(config_dicts: list[dict[str, Any]], *, run_ids: list[str],
                 release_claim(run.claim)
         raise
     runs = [run for _, run in begun if run is not None]
+    # Killed between the stack's checkpoint writes: the runs ahead go back to the epoch of
+    # the others now (train_stacked would, after their threads were chosen), and one put
+    # back to its initial weights starts over on the sweep's count, as its twin does.
+    sweep_threads = {run.run_dir: config_from_dict(c).run.threads
+                     for c, (_, run) in zip(config_dicts, begun, strict=True) if run is not None}
+    put_back = resume_together([run.run_dir for run in runs if run.kwargs.get("resume")])
+    for run in runs:
+        if run.run_dir in put_back:
+            run.plan = on_threads(run.plan, sweep_threads[run.run_dir], put_back[run.run_dir])
     after_record: dict[str, Exception] = {}  # a logger's error once the run's record was final
     try:
         if runs:
@@ -246,8 +258,7 @@ def run_group(config_dicts: list[dict[str, Any]], *, run_ids: list[str],
             except DiskFullError as err:  # as in run_one: the runs resume once space is freed
                 for run in runs:
                     if not _ended_before(run):
-                        run.outcome.update(status="interrupted",
-                                           error=f"{type(err).__name__}: {err}")
+                        run.outcome.update(status="interrupted", error=error_line(err))
             except KeyboardInterrupt:
                 for run in runs:
                     if not _ended_before(run):

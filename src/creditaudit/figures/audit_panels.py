@@ -43,7 +43,7 @@ from creditaudit.figures.runs import (
 )
 from creditaudit.formatting import BASELINE_COLOR, BASELINE_KIND, VERDICT_COLORS
 from creditaudit.protocol import KINDS, WALK_BACK, DiagnosticReport, in_order
-from creditaudit.protocol.records import BASELINE_TEXT, baseline_text, is_frozen_baseline
+from creditaudit.protocol.records import BASELINE_TEXT, is_frozen_baseline, not_a_baseline
 from creditaudit.protocol.verdicts import reads_reference
 from creditaudit.records import RunRecord
 from creditaudit.registry import DIAGNOSTICS
@@ -140,8 +140,8 @@ def panel_points(pairs: list[tuple[RunRecord, DiagnosticReport]]
         offset = (place - (len(peers) - 1) / 2) * min(0.12, 0.6 / len(peers))
         judged = report.judgement
         verdict, kind = judged.verdict, judged.kind
-        if is_frozen_baseline(run) and run.is_finished \
-                and baseline_text(run) == BASELINE_TEXT:  # as the tables label it
+        if is_frozen_baseline(run) and run.is_finished and not_a_baseline(run) is None:
+            # as the tables label it (baseline_text)
             verdict, kind = BASELINE_TEXT, BASELINE_KIND
         for result in report.diagnostics:
             points[result.id].append({

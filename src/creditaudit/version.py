@@ -11,9 +11,11 @@ there are not covered by the tests.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -77,15 +79,28 @@ _warned = False
 
 def warn_untested_torch(version: str | None = None) -> None:
     """Warn (:class:`UntestedTorchWarning`) once per process when ``version`` (default: the
-    installed torch's) is outside the tested range."""
+    installed torch's) is outside the tested range. Torch is not imported for it (``import
+    creditaudit`` does not import torch): its version is the imported module's where it is
+    imported, else its installed distribution's."""
     global _warned
     if _warned:
         return
     if version is None:
-        import torch
-
-        version = torch.__version__
+        version = installed_torch_version()
     message = untested_torch_message(str(version))
     if message is not None:
         _warned = True
         warnings.warn(message, UntestedTorchWarning, stacklevel=2)
+
+
+def installed_torch_version() -> str:
+    """``torch.__version__``, read without importing torch where it is not imported yet
+    (from its distribution's metadata; a torch without any is imported)."""
+    if "torch" not in sys.modules:
+        from importlib import metadata
+
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            return metadata.version("torch")
+    import torch
+
+    return str(torch.__version__)

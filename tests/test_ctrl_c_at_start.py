@@ -1,0 +1,107 @@
+"""Ctrl-C while a command starts: in its first second or two (the package importing torch)
+it printed a Python traceback and died of SIGINT (exit -2), or was lost — torch's import
+cleared the KeyboardInterrupt and the command ran to its end (exit 0). The entry
+(:mod:`creditaudit.cli`) imports the standard library only and holds Ctrl-C while the
+command starts: at any moment it ends in one line and exit code 130, as later."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import creditaudit.cli
+from creditaudit.cli import INTERRUPTED, command, held_interrupts, main
+
+TRAIN = ("train", "--method", "dfa", "--dataset", "synthetic", "--epochs", "50",
+         "--threads", "1", "--set", "data.n_train=512", "--no-progress")
+# ``creditaudit`` (the console script's code) and ``python -m creditaudit``
+SCRIPT = (sys.executable, "-c", "import sys\nfrom creditaudit.cli import main\nsys.exit(main())")
+MODULE = (sys.executable, "-m", "creditaudit")
+
+
+def _interrupted(command: tuple[str, ...], delay: float, out: str) -> subprocess.Popen:
+    process = subprocess.Popen([*command, *TRAIN, "--out", out], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    process.send_signal(signal.SIGINT)
+    return process
+
+
+@pytest.mark.usefixtures("default_ctrl_c")
+def test_ctrl_c_at_any_moment_of_the_start_is_one_line_and_130(tmp_path):
+    """SIGINT at several moments of a start that takes a second or more (the interpreter's
+    own first ~0.1 s, before any of the package runs, is left out): each while the package
+    imports torch, parses or trains. The processes start one after the other and run side
+    by side (the later each is interrupted the longer its own start ran)."""
+    started = [_interrupted(command, delay, str(tmp_path / f"runs{i}")) for i, (command, delay)
+               in enumerate([(SCRIPT, 0.25), (MODULE, 0.6), (SCRIPT, 1.0)])]
+    for process in started:
+        out, err = process.communicate(timeout=120)
+        assert "Traceback" not in err, err
+        assert process.returncode == 130, (process.returncode, err)
+        assert len(err.splitlines()) == 1 and err.startswith(INTERRUPTED), err
+
+
+@pytest.mark.usefixtures("default_ctrl_c")
+def test_a_ctrl_c_held_while_starting_ends_the_command_with_one_line(capsys, monkeypatch):
+    """In process: a SIGINT while the command starts (here: as it parses) is noted, the
+    command is not run, and main() says so once and returns 130."""
+    start = command.start
+
+    def interrupted_start(argv):
+        os.kill(os.getpid(), signal.SIGINT)
+        return start(argv)
+
+    monkeypatch.setattr(command, "start", interrupted_start)
+    monkeypatch.setattr(command, "run", lambda args: pytest.fail("the command ran"))
+    capsys.readouterr()
+    assert main(["report", "nowhere"]) == 130
+    assert capsys.readouterr().err == f"{INTERRUPTED}\n"
+
+
+@pytest.mark.usefixtures("default_ctrl_c")
+def test_held_interrupts_notes_sigint_and_puts_the_handler_back():
+    with held_interrupts() as interrupted:
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(100):  # the handler runs at the next bytecode; be generous
+            if interrupted:
+                break
+    assert interrupted == [signal.SIGINT]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_handler_of_the_caller_is_left_alone():
+    def own(signum, frame):
+        raise AssertionError("not called")
+
+    previous = signal.signal(signal.SIGINT, own)
+    try:
+        with held_interrupts() as interrupted:
+            assert signal.getsignal(signal.SIGINT) is own
+        assert interrupted == []
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_the_entry_imports_neither_torch_nor_the_command():
+    """What Ctrl-C can meet before :func:`main` holds it is the standard library's import:
+    ``import creditaudit.cli`` (what the console script does first) loads no torch."""
+    code = ("import sys, creditaudit.cli\n"
+            "print(sorted(m for m in ('torch', 'numpy', 'creditaudit.cli.command', "
+            "'creditaudit.config') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_the_command_s_names_are_read_from_the_entry_as_before():
+    assert creditaudit.cli.build_parser().prog == "creditaudit"
+    assert creditaudit.cli.CLOSED_STDOUT_EXIT == 141
+    with pytest.raises(AttributeError, match="no attribute 'nothing_such'"):
+        creditaudit.cli.nothing_such  # noqa: B018

@@ -54,11 +54,11 @@ def load_dataset(options: Any, *, seed: int, spec: DatasetSpec[Any] | None = Non
     dataset = spec.load(spec.data_seed(seed))
     check_loaded(spec, dataset)
     check_sizes(spec, dataset)
+    check_held_out_split(spec, dataset)
     if options.train_subset is not None:
         check_train_subset(options, spec.name, dataset.train_x.shape[0])
         dataset.train_x = dataset.train_x[: options.train_subset]
         dataset.train_y = dataset.train_y[: options.train_subset]
-    check_held_out_split(spec, dataset)
     dataset.loaded_as = (_loading(options, identity.fingerprint), dataset.content_digest(),
                          _handling(dataset))
     return dataset
@@ -255,18 +255,25 @@ def check_loaded(spec: DatasetSpec[Any], dataset: Dataset) -> None:
 
 
 def check_held_out_split(spec: DatasetSpec[Any], dataset: Dataset) -> None:
-    """LoadedDataError (one line) when the test split of ``dataset`` (as ``spec`` loaded it
-    for a run, after ``data.train_subset``) is not held out from its training split
-    (:func:`~creditaudit.data.rows.held_out_problem`), unless ``spec`` declares that by
-    design (``expected_failures``): the door checks it at tiny sizes only, and a test
-    split cut from the training arrays at a run's sizes would record memorisation as test
-    accuracy."""
+    """LoadedDataError (one line) when the test split of ``dataset`` (as ``spec`` loaded it,
+    before ``data.train_subset``: the data, whatever part of it a run trains on) is not held
+    out from its training split (:func:`~creditaudit.data.rows.held_out_problem`: exact and
+    near copies, the one check of a load), unless ``spec`` declares that by design
+    (``expected_failures``). A file dataset's refusal names its folder and, when it says
+    which (``test_files``), the files its test split is read from (t10k files or a test
+    batch copied from the training files); a plugin's is named by the caller
+    (:func:`creditaudit.run.run_code.dataset_at_fault`). The door checks it at tiny sizes
+    only, and a test split cut from the training arrays at a run's sizes would record
+    memorisation as test accuracy."""
     if HELD_OUT_CHECK in getattr(spec, "expected_failures", {}):
         return
+    files = spec.test_files if isinstance(spec, FileDataset) else None
     problem = held_out_problem(dataset.train_x, dataset.train_y, dataset.test_x,
-                               dataset.test_y)
+                               dataset.test_y, files=files)
     if problem is not None:
-        raise LoadedDataError(f"the data {spec.name} loaded: {problem}")
+        where = (f"{spec.name} folder {spec.folder()}" if isinstance(spec, FileDataset)
+                 else f"the data {spec.name} loaded")
+        raise LoadedDataError(f"{where}: {problem}")
 
 
 def check_sizes(spec: DatasetSpec[Any], dataset: Dataset) -> None:

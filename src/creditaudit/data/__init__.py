@@ -45,7 +45,7 @@ def load_dataset(options: Any, *, seed: int, spec: DatasetSpec[Any] | None = Non
     computed once per machine (:func:`~creditaudit.data.identity.file_digest`). Checks what
     was loaded against what the dataset declares (sample shape, classes, equal train and
     test shapes: :func:`check_loaded`; the sizes of ``sizes()``: :func:`check_sizes`) and
-    applies ``data.train_subset``.
+    applies ``data.train_subset`` (ConfigError when it keeps training samples of one class).
     """
     if spec is None:
         spec = dataset_spec(options.name)(options)
@@ -59,6 +59,11 @@ def load_dataset(options: Any, *, seed: int, spec: DatasetSpec[Any] | None = Non
         check_train_subset(options, spec.name, dataset.train_x.shape[0])
         dataset.train_x = dataset.train_x[: options.train_subset]
         dataset.train_y = dataset.train_y[: options.train_subset]
+        if bool((dataset.train_y == dataset.train_y[0]).all()):  # the whole split has 2+
+            raise ConfigError(f"data.train_subset={options.train_subset} keeps training "
+                              f"samples of {spec.name} labelled {int(dataset.train_y[0])} only "
+                              f"(its first {options.train_subset}): {ONE_CLASS}; use a larger "
+                              "subset")
     dataset.loaded_as = (_loading(options, identity.fingerprint), dataset.content_digest(),
                          _handling(dataset))
     return dataset
@@ -150,6 +155,12 @@ def check_train_subset(options: Any, name: str, available: int) -> None:
                           f"samples of {name}; use at most {available}")
 
 
+# Why a training split of one class is refused, like a dataset of one class (check_declared).
+ONE_CLASS = ("a network trained on one class learns to answer it whatever its input, so "
+             "no rule's credit is compared on learning to tell classes apart; give training "
+             "labels of at least 2 classes")
+
+
 def _whole(value: Any) -> bool:
     """Whether ``value`` is a Python int >= 1 (not a bool, not a numpy number)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
@@ -191,10 +202,10 @@ def _holding_problem(array: torch.Tensor) -> str | None:
 def check_loaded(spec: DatasetSpec[Any], dataset: Dataset) -> None:
     """LoadedDataError (one line) when what ``spec`` (a dataset holding its options)
     declares is not whole numbers (:func:`check_declared`), or the loaded arrays are not
-    what it declares (sample shape, classes, labels within them, finite
-    features) or what the loader reads (uint8 images or features in torch's default dtype,
-    int64 labels), or their normalisation (:func:`check_normalisation`) or augmentation is
-    one the loader cannot apply."""
+    what it declares (sample shape, classes, labels within them, training labels of 2
+    classes or more, finite features) or what the loader reads (uint8 images or features
+    in torch's default dtype, int64 labels), or their normalisation
+    (:func:`check_normalisation`) or augmentation is one the loader cannot apply."""
     declared, classes = check_declared(spec)
     wrong = LoadedDataError
     if not _whole(dataset.n_classes) or dataset.n_classes != classes:
@@ -240,6 +251,9 @@ def check_loaded(spec: DatasetSpec[Any], dataset: Dataset) -> None:
         if low < 0 or high >= dataset.n_classes:  # the loss would index out of its logits
             raise wrong(f"the {split} labels of {spec.name} run {low} … {high}, outside 0 … "
                         f"{dataset.n_classes - 1} (its {dataset.n_classes} classes)")
+        if split == "training" and low == high:
+            raise wrong(f"the training labels of {spec.name} are all {low} (of its "
+                        f"{dataset.n_classes} classes): {ONE_CLASS}")
     padding = dataset.augment_padding
     if dataset.augment and (isinstance(padding, bool) or not isinstance(padding, int)
                             or padding < 0 or not isinstance(dataset.augment_flip, bool)):

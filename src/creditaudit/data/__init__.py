@@ -335,8 +335,13 @@ def check_normalisation(spec: DatasetSpec[Any], dataset: Dataset) -> None:
         try:
             normalization(mean, std, channels)
         except (ValueError, TypeError) as err:  # TypeError: a value that is no number
-            if len(mean) == dataset.train_x.shape[-1] != channels:  # (N, H, W, C) arrays
-                fix = f"its images look channels-last, (N, H, W, {len(mean)}): {CHANNELS_FIRST}"
+            if len(mean) == dataset.train_x.shape[-1] != channels:  # (N, H, W, C) arrays?
+                if channels > len(mean):  # a side longer than the channels it would hold
+                    fix = (f"its images look channels-last, (N, H, W, {len(mean)}): "
+                           f"{CHANNELS_FIRST}")
+                else:  # e.g. 1×3×3 with 3 values: C×H×W, or H×W×C of 1×3 pixels
+                    fix = (f"{fix}; or, if they are channels-last images (N, H, W, "
+                           f"{len(mean)}), {CHANNELS_FIRST}")
             raise wrong(f"{name} loaded {channels}-channel images with {given}: {err}; "
                         f"{fix}") from None
         return

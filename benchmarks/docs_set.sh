@@ -37,6 +37,7 @@ bench peers_resnet20 "$py" benchmarks/bench_peers.py --net resnet20 --batch 32 -
 bench protocol "$py" benchmarks/bench_protocol.py --threads 1 --repeats 3 "${quick[@]}"
 bench epoch "$py" benchmarks/bench_epoch.py --n-train 50000 --epochs 3 --methods bp dfa "${quick[@]}"
 bench loader "$py" benchmarks/bench_loader.py --samples 50000 --batch-size 128 --repeats 3 "${quick[@]}"
+bench held_out "$py" benchmarks/bench_held_out.py --data-dir "$fm" --repeats 5 "${quick[@]}"
 bench stacked "$py" benchmarks/bench_stacked.py --parts steps --rounds 3 "${quick[@]}"
 bench ep "$py" benchmarks/bench_ep.py --repeats 5 --data-dir "$fm" "${quick[@]}"
 # the end-of-run block on the README's image runs: train one epoch each, then time the block

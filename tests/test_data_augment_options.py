@@ -217,7 +217,7 @@ def test_default_values_need_no_augmentation(tmp_path):
 def test_a_loaded_dataset_whose_augmentation_cannot_apply_is_refused(dataset, match):
     spec = dataset_spec("mnist")()
     x = torch.zeros(4, 1, 28, 28, dtype=torch.uint8)
-    y = torch.zeros(4, dtype=torch.int64)
+    y = torch.arange(4) % 2  # two classes: a training split of one is refused first
     stats = {"mean": spec.mean, "std": spec.std}  # images are normalised by these
     with pytest.raises(LoadedDataError, match=match):
         check_loaded(spec, Dataset("mnist", x, y, x, y, n_classes=10, **stats, **dataset))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -171,14 +172,16 @@ def test_other_arrays_under_one_fingerprint_are_never_served_resumed_or_audited(
     drifting.write_text("2")  # load() now draws other arrays: same run id, same fingerprint
     assert plan_run(config).run_id == first.run_dir.name
     before = snapshot(out)
-    with pytest.raises(RunRecordError, match="the data changed"):
+    # the guest whose load() changed is named: its entry point and distribution
+    plugin = f"dataset plugin 'data-drifting' ({GUESTS.distribution}=={GUESTS.version})"
+    with pytest.raises(RunRecordError, match=f"the data changed: {re.escape(plugin)} loads"):
         train(config)  # never served as "already completed"
     code, stdout, err = run_cli(capsys, ["train", "--config", str(config_file)])
     assert code == 2
-    assert_one_line_error(stdout, err, "the data changed", "data-drifting", "--force")
+    assert_one_line_error(stdout, err, "the data changed", "data-drifting", "--force", plugin)
     code, stdout, err = run_cli(capsys, ["audit", str(first.run_dir), "--no-metrics"])
     assert code == 2
-    assert_one_line_error(stdout, err, "the data changed")
+    assert_one_line_error(stdout, err, "the data changed", plugin)
     assert snapshot(out) == before
     # an interrupted run resumes only on its own arrays
     two = drifting_config(drifting, out, **{"optim.epochs": 2})

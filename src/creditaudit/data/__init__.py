@@ -45,7 +45,7 @@ def load_dataset(options: Any, *, seed: int, spec: DatasetSpec[Any] | None = Non
     computed once per machine (:func:`~creditaudit.data.identity.file_digest`). Checks what
     was loaded against what the dataset declares (sample shape, classes, equal train and
     test shapes: :func:`check_loaded`; the sizes of ``sizes()``: :func:`check_sizes`) and
-    applies ``data.train_subset``.
+    applies ``data.train_subset`` (ConfigError when it keeps training samples of one class).
     """
     if spec is None:
         spec = dataset_spec(options.name)(options)
@@ -54,11 +54,16 @@ def load_dataset(options: Any, *, seed: int, spec: DatasetSpec[Any] | None = Non
     dataset = spec.load(spec.data_seed(seed))
     check_loaded(spec, dataset)
     check_sizes(spec, dataset)
+    check_held_out_split(spec, dataset)
     if options.train_subset is not None:
         check_train_subset(options, spec.name, dataset.train_x.shape[0])
         dataset.train_x = dataset.train_x[: options.train_subset]
         dataset.train_y = dataset.train_y[: options.train_subset]
-    check_held_out_split(spec, dataset)
+        if bool((dataset.train_y == dataset.train_y[0]).all()):  # the whole split has 2+
+            raise ConfigError(f"data.train_subset={options.train_subset} keeps training "
+                              f"samples of {spec.name} labelled {int(dataset.train_y[0])} only "
+                              f"(its first {options.train_subset}): {ONE_CLASS}; use a larger "
+                              "subset")
     dataset.loaded_as = (_loading(options, identity.fingerprint), dataset.content_digest(),
                          _handling(dataset))
     return dataset
@@ -150,6 +155,12 @@ def check_train_subset(options: Any, name: str, available: int) -> None:
                           f"samples of {name}; use at most {available}")
 
 
+# Why a training split of one class is refused, like a dataset of one class (check_declared).
+ONE_CLASS = ("a network trained on one class learns to answer it whatever its input, so "
+             "no rule's credit is compared on learning to tell classes apart; give training "
+             "labels of at least 2 classes")
+
+
 def _whole(value: Any) -> bool:
     """Whether ``value`` is a Python int >= 1 (not a bool, not a numpy number)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
@@ -191,10 +202,10 @@ def _holding_problem(array: torch.Tensor) -> str | None:
 def check_loaded(spec: DatasetSpec[Any], dataset: Dataset) -> None:
     """LoadedDataError (one line) when what ``spec`` (a dataset holding its options)
     declares is not whole numbers (:func:`check_declared`), or the loaded arrays are not
-    what it declares (sample shape, classes, labels within them, finite
-    features) or what the loader reads (uint8 images or features in torch's default dtype,
-    int64 labels), or their normalisation (:func:`check_normalisation`) or augmentation is
-    one the loader cannot apply."""
+    what it declares (sample shape, classes, labels within them, training labels of 2
+    classes or more, finite features) or what the loader reads (uint8 images or features
+    in torch's default dtype, int64 labels), or their normalisation
+    (:func:`check_normalisation`) or augmentation is one the loader cannot apply."""
     declared, classes = check_declared(spec)
     wrong = LoadedDataError
     if not _whole(dataset.n_classes) or dataset.n_classes != classes:
@@ -240,6 +251,9 @@ def check_loaded(spec: DatasetSpec[Any], dataset: Dataset) -> None:
         if low < 0 or high >= dataset.n_classes:  # the loss would index out of its logits
             raise wrong(f"the {split} labels of {spec.name} run {low} … {high}, outside 0 … "
                         f"{dataset.n_classes - 1} (its {dataset.n_classes} classes)")
+        if split == "training" and low == high:
+            raise wrong(f"the training labels of {spec.name} are all {low} (of its "
+                        f"{dataset.n_classes} classes): {ONE_CLASS}")
     padding = dataset.augment_padding
     if dataset.augment and (isinstance(padding, bool) or not isinstance(padding, int)
                             or padding < 0 or not isinstance(dataset.augment_flip, bool)):
@@ -255,18 +269,25 @@ def check_loaded(spec: DatasetSpec[Any], dataset: Dataset) -> None:
 
 
 def check_held_out_split(spec: DatasetSpec[Any], dataset: Dataset) -> None:
-    """LoadedDataError (one line) when the test split of ``dataset`` (as ``spec`` loaded it
-    for a run, after ``data.train_subset``) is not held out from its training split
-    (:func:`~creditaudit.data.rows.held_out_problem`), unless ``spec`` declares that by
-    design (``expected_failures``): the door checks it at tiny sizes only, and a test
-    split cut from the training arrays at a run's sizes would record memorisation as test
-    accuracy."""
+    """LoadedDataError (one line) when the test split of ``dataset`` (as ``spec`` loaded it,
+    before ``data.train_subset``: the data, whatever part of it a run trains on) is not held
+    out from its training split (:func:`~creditaudit.data.rows.held_out_problem`: exact and
+    near copies, the one check of a load), unless ``spec`` declares that by design
+    (``expected_failures``). A file dataset's refusal names its folder and, when it says
+    which (``test_files``), the files its test split is read from (t10k files or a test
+    batch copied from the training files); a plugin's is named by the caller
+    (:func:`creditaudit.run.run_code.dataset_at_fault`). The door checks it at tiny sizes
+    only, and a test split cut from the training arrays at a run's sizes would record
+    memorisation as test accuracy."""
     if HELD_OUT_CHECK in getattr(spec, "expected_failures", {}):
         return
+    files = spec.test_files if isinstance(spec, FileDataset) else None
     problem = held_out_problem(dataset.train_x, dataset.train_y, dataset.test_x,
-                               dataset.test_y)
+                               dataset.test_y, files=files)
     if problem is not None:
-        raise LoadedDataError(f"the data {spec.name} loaded: {problem}")
+        where = (f"{spec.name} folder {spec.folder()}" if isinstance(spec, FileDataset)
+                 else f"the data {spec.name} loaded")
+        raise LoadedDataError(f"{where}: {problem}")
 
 
 def check_sizes(spec: DatasetSpec[Any], dataset: Dataset) -> None:
@@ -314,8 +335,13 @@ def check_normalisation(spec: DatasetSpec[Any], dataset: Dataset) -> None:
         try:
             normalization(mean, std, channels)
         except (ValueError, TypeError) as err:  # TypeError: a value that is no number
-            if len(mean) == dataset.train_x.shape[-1] != channels:  # (N, H, W, C) arrays
-                fix = f"its images look channels-last, (N, H, W, {len(mean)}): {CHANNELS_FIRST}"
+            if len(mean) == dataset.train_x.shape[-1] != channels:  # (N, H, W, C) arrays?
+                if channels > len(mean):  # a side longer than the channels it would hold
+                    fix = (f"its images look channels-last, (N, H, W, {len(mean)}): "
+                           f"{CHANNELS_FIRST}")
+                else:  # e.g. 1×3×3 with 3 values: C×H×W, or H×W×C of 1×3 pixels
+                    fix = (f"{fix}; or, if they are channels-last images (N, H, W, "
+                           f"{len(mean)}), {CHANNELS_FIRST}")
             raise wrong(f"{name} loaded {channels}-channel images with {given}: {err}; "
                         f"{fix}") from None
         return

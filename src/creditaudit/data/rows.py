@@ -38,7 +38,6 @@ cores (0.23 s on one thread; the exact check 0.08 s).
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -140,21 +139,28 @@ def _float_rows(x: Tensor) -> Tensor:
     return x.reshape(x.shape[0], -1).to("cpu", torch.float64)
 
 
-def held_out_problem(train_x: Tensor, train_y: Tensor, test_x: Tensor, test_y: Tensor
-                     ) -> str | None:
+def held_out_problem(train_x: Tensor, train_y: Tensor, test_x: Tensor, test_y: Tensor, *,
+                     files: str | None = None) -> str | None:
     """Why the test split is not held out — more than :data:`HELD_OUT_SHARE` of its samples
     are also training samples (:func:`shared_samples`), or those and near copies of them
     (:func:`near_copies` of the others, the share of the test rows checked, and more than
     chance gives: :func:`by_chance` under :data:`NEAR_FALSE_ALARM`) — as a sentence with its
-    fix; None when it is."""
-    fix = ("the test accuracy would measure memorisation, not generalisation; load the "
-           "held-out split as the test split (a dataset whose inputs repeat by design "
-           f"declares {HELD_OUT_CHECK} in expected_failures)")
+    fix; None when it is. ``files``: how a data folder's files the test split was read from
+    are named (e.g. "the t10k files"): the sentence names them and asks for the held-out
+    split in that folder; None: it asks for code that loads the held-out split."""
+    if files is None:
+        samples, same, fix = "test samples (inputs and labels)", "", (
+            ": the test accuracy would measure memorisation, not generalisation; load the "
+            "held-out split as the test split (a dataset whose inputs repeat by design "
+            f"declares {HELD_OUT_CHECK} in expected_failures)")
+    else:
+        samples, same, fix = f"test samples ({files})", " (same image and label)", (
+            ", so the test accuracy would measure memorisation: put the held-out test split "
+            "there")
     exact = _shared_mask(train_x, train_y, test_x, test_y)
     shared, n_test = int(exact.sum()), int(test_x.shape[0])
     if shared > HELD_OUT_SHARE * n_test:
-        return (f"{shared} of the {n_test} test samples (inputs and labels) are also "
-                f"training samples: {fix}")
+        return f"{shared} of the {n_test} {samples} are also training samples{same}{fix}"
     # the exact copies are counted above, over the whole split (data of discrete features
     # repeats honestly: bag-of-words rows); the near ones among the others, by a sample
     others = (~exact).nonzero().flatten()
@@ -162,12 +168,13 @@ def held_out_problem(train_x: Tensor, train_y: Tensor, test_x: Tensor, test_y: T
                                 test_y[others.to(test_y.device)])
     share = shared / n_test + (near / checked * others.numel() / n_test if checked else 0.0)
     if share > HELD_OUT_SHARE and by_chance(near, checked) < NEAR_FALSE_ALARM:
-        return (f"{near} of {checked} test samples checked are near copies of training "
-                f"samples (a training sample of the same label within {NEAR_RATIO:g} × the "
-                "typical distance between neighbouring training samples, e.g. the training "
-                "samples with a little noise added)"
-                + (f", besides {shared} of the {n_test} that are training samples" if shared
-                   else "") + f": {fix}")
+        return (f"{near} of {checked} test samples checked"
+                + (f" ({files})" if files is not None else "")
+                + " are near copies of training samples (a training sample of the same label "
+                f"within {NEAR_RATIO:g} × the typical distance between neighbouring training "
+                "samples, e.g. the training samples with a little noise added)"
+                + (f", besides {shared} of the {n_test} that are training samples{same}"
+                   if shared else "") + fix)
     return None
 
 
@@ -177,20 +184,6 @@ def _sample_keys(x: Tensor, y: Tensor) -> list[tuple[int, int]]:
     rows = x.detach().cpu().reshape(x.shape[0], math.prod(x.shape[1:])).contiguous()
     rows = rows.view(torch.uint8).numpy()
     return [(hash(row.tobytes()), int(label)) for row, label in zip(rows, y.tolist())]
-
-
-def check_held_out(name: str, folder: Path, arrays: tuple[Tensor, Tensor, Tensor, Tensor],
-                   test_files: str) -> None:
-    """DataError (one line) when more than :data:`HELD_OUT_SHARE` of the test samples of
-    ``arrays`` (train_x, train_y, test_x, test_y, read from ``folder`` by dataset ``name``;
-    ``test_files``: the files the test split is read from, as the message names them) are
-    also training samples: its test accuracy would measure memorisation."""
-    shared, n_test = shared_samples(*arrays), int(arrays[2].shape[0])
-    if shared > HELD_OUT_SHARE * n_test:
-        raise DataError(f"{name} folder {folder}: {shared} of the {n_test} test samples "
-                        f"({test_files}) are also training samples (same image and label), "
-                        "so the test accuracy would measure memorisation: put the held-out "
-                        "test split there")
 
 
 def standardised(x: Tensor, channels: int) -> Tensor:
@@ -242,6 +235,6 @@ def check_test_rows(dataset: Dataset, x: Tensor, y: Tensor, label: str) -> None:
 
 
 __all__ = ["check_test_rows", "standardised", "MATCH_TOLERANCE", "HELD_OUT_SHARE",
-           "shared_samples", "near_copies", "check_held_out", "held_out_problem",
+           "shared_samples", "near_copies", "held_out_problem",
            "HELD_OUT_CHECK", "NEAR_RATIO", "NEAR_SAMPLE", "NEAR_CHANCE", "NEAR_FALSE_ALARM",
            "by_chance"]

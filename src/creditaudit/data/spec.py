@@ -221,6 +221,10 @@ class FileDataset(DatasetSpec[FileOptionsT]):
     mean: ClassVar[tuple[float, ...]] = ()
     std: ClassVar[tuple[float, ...]] = ()
     augment_default: ClassVar[bool] = False
+    # How messages name the files its test split is read from (e.g. "the t10k files"): a
+    # test split that is not held out is then refused as those files of its folder, to be
+    # replaced there; None: as what its code loaded from the folder.
+    test_files: ClassVar[str | None] = None
 
     def folder(self) -> Path:
         """The dataset folder (DataError when none is configured)."""

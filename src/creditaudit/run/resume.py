@@ -127,11 +127,14 @@ def check_same_data(record: RunRecord, identity: DataIdentity, path: Path | str,
             f"{path}: the run trained on {record.data.name} data with fingerprint "
             f"{record.data.fingerprint[:12]}…, but the data found now has "
             f"{identity.fingerprint[:12]}… ({why}); {fix}")
+    # a plugin's data that changed is its code's doing (a guest's failure names the guest)
+    guest = DATASETS.guest(record.data.name)
+    name = record.data.name if guest is None else guest.what
     recorded = record.data.provenance.get(CONTENT_DIGEST)
     found = identity.provenance.get(CONTENT_DIGEST)
     if recorded and found and recorded != found:
         raise RunRecordError(
-            f"{path}: the run trained on {record.data.name} arrays with digest "
+            f"{path}: the run trained on {name} arrays with digest "
             f"{str(recorded)[:12]}…, but its generator now makes {str(found)[:12]}… from the "
             f"same arguments (another numpy or generator build?); rerun it with {FORCE}")
     arrays, loaded = record.data.arrays_sha256, identity.arrays_sha256
@@ -158,7 +161,7 @@ def check_same_data(record: RunRecord, identity: DataIdentity, path: Path | str,
                 f"and parameters), but this process has {default}, so its data loads as "
                 f"other arrays; {fix}")
         raise RunRecordError(
-            f"{path}: the data changed: {record.data.name} loads arrays with digest "
+            f"{path}: the data changed: {name} loads arrays with digest "
             f"{loaded[:12]}… now, but the run trained on {arrays[:12]}… (same fingerprint: "
             "a dataset whose load() gives other data each call, or files changed in place); "
             f"train it again on the data loaded now with {FORCE}, or restore the data it "

@@ -156,7 +156,7 @@ class Talkative(Mixture):
 
 
 class OneClass(Mixture):
-    """Every label 0 (of 4 classes): valid, if dull."""
+    """Every label 0 (of 4 classes): refused, like a dataset of one class."""
 
     name, label = "battery-one-class", "One class"
 

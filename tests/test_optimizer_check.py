@@ -4,6 +4,8 @@ it used to train nothing there and report the batch's loss and accuracy as a tra
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -63,3 +65,22 @@ def test_each_optimizer_is_checked_once_per_rule(monkeypatch):
     assert calls == ["kp"]
     bound.train_step(*batch(), torch.optim.AdamW(bound.trainable_parameters(), lr=1e-3))
     assert calls == ["kp", "kp"]
+
+
+@pytest.mark.parametrize("name", RULES)
+@pytest.mark.parametrize("block", ["torch.no_grad()", "torch.inference_mode()"])
+def test_a_step_inside_the_loops_evaluation_block_is_refused_in_one_line(name, block):
+    """A step called where autograd is off (an evaluation block around it) failed deep in
+    torch ("element 0 of tensors does not require grad", "Inference tensors do not track
+    version counter"); it is refused naming the block, nothing trained."""
+    bound = rule(name, net())
+    optimizer = torch.optim.SGD(bound.trainable_parameters(), lr=0.1)
+    before = [p.detach().clone() for p in bound.model.parameters()]
+    context = torch.no_grad() if block == "torch.no_grad()" else torch.inference_mode()
+    with pytest.raises(ConfigError, match=rf"^{name}: train_step was called inside "
+                                          rf"{re.escape(block)}, which turns off the "
+                                          r"gradients the step trains with: take training "
+                                          r"steps outside the evaluation block"), context:
+        bound.train_step(*batch(), optimizer)
+    assert all(torch.equal(a, b) for a, b in zip(before, bound.model.parameters()))
+    assert bound.train_step(*batch(), optimizer).finite  # outside it, the step trains

@@ -123,9 +123,13 @@ def copy_runs(model: nn.Module, dtype: torch.dtype | None) -> Iterator[None]:
 def check_copy_runs(model: nn.Module, x: Tensor, dtype: torch.dtype = torch.float64) -> None:
     """:func:`copy_runs` ahead of time, on one sample of ``x`` ``(N, …)``: for a caller that
     would otherwise find out only after training (a Recorder's ``finish()``). Under a
-    forked RNG, on a copy: the model and every random stream are left as they were."""
+    forked RNG, on a copy: the model and every random stream are left as they were. Outside
+    the caller's ``torch.inference_mode()``, as the end-of-run metrics run: a copy made
+    inside it holds inference tensors, whose forward fails for want of a version counter,
+    which read as the network's own dtype fault."""
     devices = [x.device] if x.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices), copy_runs(model, dtype), torch.no_grad():
+    with torch.random.fork_rng(devices=devices), copy_runs(model, dtype), \
+            torch.inference_mode(False), torch.no_grad():
         model_copy(model, dtype).forward_states(_cast_input(x[:1], dtype))
 
 

@@ -194,7 +194,10 @@ def rule(name: str, model: nn.Module, n_classes: int | None = None, *, seed: int
     if n_classes is not None and n_classes != classes:
         raise ConfigError(f"n_classes={n_classes} but {type(model).__name__} has {classes} "
                           "logits: leave n_classes out or give the number of logits")
-    return build_rule(model, config, n_classes=classes, seed=seed)  # type: ignore[arg-type]
+    # outside the caller's inference mode: feedback drawn inside it would be inference
+    # tensors, which the training step's autograd refuses to save
+    with torch.inference_mode(False):
+        return build_rule(model, config, n_classes=classes, seed=seed)  # type: ignore[arg-type]
 
 
 __all__ = ["CreditRule", "StepResult", "BP", "FA", "DFA", "Frozen", "StateBridge",

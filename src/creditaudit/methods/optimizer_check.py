@@ -9,6 +9,11 @@ as trained by the rule. Every ``train_step`` a rule class defines is wrapped
 <creditaudit.methods.base.CreditRule>`): the first step of each rule with each optimiser
 checks that the optimiser holds every parameter of ``rule.trainable_parameters()``; later
 steps pay one dictionary look-up. Extra parameters in the optimiser are the caller's.
+
+The wrapper also refuses a step taken where autograd is off — inside the loop's
+``torch.no_grad()`` or ``torch.inference_mode()`` evaluation block (:func:`check_grad_mode`)
+— in one line, where torch's own error from deep inside the step ("element 0 of tensors does
+not require grad", "Inference tensors do not track version counter") said nothing of why.
 """
 
 from __future__ import annotations
@@ -45,12 +50,27 @@ def check_optimizer(rule: Any, optimizer: torch.optim.Optimizer) -> None:
         "untrained, set requires_grad_(False) on them before binding the rule")
 
 
+def check_grad_mode(rule: Any) -> None:
+    """ConfigError (one line) when ``rule``'s training step is called where autograd takes
+    no gradients: inside ``torch.inference_mode()`` or ``torch.no_grad()``."""
+    if torch.is_grad_enabled():
+        return
+    block = ("torch.inference_mode()" if torch.is_inference_mode_enabled()
+             else "torch.no_grad()")
+    raise ConfigError(
+        f"{rule.name}: train_step was called inside {block}, which turns off the gradients "
+        f"the step trains with: take training steps outside the evaluation block (only the "
+        f"evaluation goes under {block})")
+
+
 def checks_optimizer(step: Callable[..., Any]) -> Callable[..., Any]:
-    """``step`` (a rule's ``train_step(self, x, y, optimizer)``) checking its optimiser the
-    first time this rule is stepped with it (:func:`check_optimizer`)."""
+    """``step`` (a rule's ``train_step(self, x, y, optimizer)``) refusing to run where
+    autograd is off (:func:`check_grad_mode`) and checking its optimiser the first time this
+    rule is stepped with it (:func:`check_optimizer`)."""
 
     @functools.wraps(step)
     def checked(self: Any, x: Any, y: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        check_grad_mode(self)
         if isinstance(optimizer, torch.optim.Optimizer):
             rules = _checked.setdefault(optimizer, weakref.WeakSet())
             if self not in rules:
@@ -62,4 +82,4 @@ def checks_optimizer(step: Callable[..., Any]) -> Callable[..., Any]:
     return checked
 
 
-__all__ = ["check_optimizer", "checks_optimizer"]
+__all__ = ["check_grad_mode", "check_optimizer", "checks_optimizer"]

@@ -68,15 +68,18 @@ class AdaptProbe:
         (``terminal_ln``, ``n_classes``: refused when the probe contradicts them).
 
         Runs in eval mode under a forked RNG with every floating parameter temporarily requiring
-        grad (to find the segments); restores every module's training flag and every
-        ``requires_grad`` and leaves parameters, buffers and ``.grad`` untouched. An
-        exception the network raises is a one-line ModelContractError naming it.
+        grad (to find the segments), outside the caller's ``torch.inference_mode()`` (inside
+        it the forward failed, read as the network's error); restores every module's
+        training flag and every ``requires_grad`` and leaves parameters, buffers and
+        ``.grad`` untouched. An exception the network raises is a one-line
+        ModelContractError naming it.
         """
         modes = [(m, m.training) for m in self.net.modules()]
         flags = [(p, p.requires_grad) for p in self.net.parameters()]
         devices = [x.device] if x.device.type == "cuda" else []
         try:
-            with torch.random.fork_rng(devices=devices), torch.enable_grad():
+            with torch.random.fork_rng(devices=devices), torch.inference_mode(False), \
+                    torch.enable_grad():
                 self.net.eval()
                 for p, _ in flags:
                     if p.is_floating_point():  # an integer parameter (an index table) has none

@@ -74,8 +74,11 @@ SECTIONS: tuple[tuple[str, type, str], ...] = (
      "whose backward is not the gradient of its forward is refused before the run's folder "
      "is written, unless `diagnostics.allow_unverified_reference` is on; then `how` is "
      "`failed`, the verdict is *unverified* and every cosine, Γ and (b) is shown marked "
-     "unverified. Records written before creditaudit checked it have no block and read as "
-     "`not checked`."),
+     "unverified. A run recorded from a loop of the user's own (`Recorder`) is checked "
+     "again at each epoch, as its loop may switch on a straight-through estimator later: "
+     "a backward no longer the gradient stops that epoch, or, allowed, makes `how` "
+     "`failed` with `detail` naming the epoch from which. Records written before "
+     "creditaudit checked it have no block and read as `not checked`."),
     ("The parts of a resumed run (`resumed`)", ResumedPart,
      "One object per time the run was resumed, in order; absent for a run that never was "
      "(and in records written before the parts were kept). A resumed run goes on with the "

@@ -58,8 +58,9 @@ class RunRecord(RecordAccessors):
     diagnostics: EndOfRun = doc("end-of-run credit-quality metrics", factory=EndOfRun)
     protocol: ProtocolState = doc("protocol evaluated during training", factory=ProtocolState)
     reference: ReferenceState = doc(
-        "whether the reference gradient was checked when the run started, how, and what "
-        "failed (records without it: not checked)", factory=ReferenceState)
+        "whether the reference gradient was checked when the run started (a Recorder's "
+        "run: and at each epoch), how, and what failed (records without it: not checked)",
+        factory=ReferenceState)
     data: DataIdentity | None = doc("identity of the data the run trained on")
     model: ModelDescription | None = doc(
         "the model as built: architecture, label, terminal LayerNorm, width, depth, input "

@@ -103,6 +103,7 @@ from creditaudit.run.results import (
     protocol_due,
     record_protocol,
     reference_at_start,
+    reference_since_start,
     rule_extras,
 )
 
@@ -295,6 +296,10 @@ class Recorder:
                                   "fields: give yours other names")
             kept = {**own, **kept}
         model = self.rule.model
+        self.record.reference = reference_since_start(
+            self.record.reference, model, self.eval_x, self.eval_y, epoch=epoch,
+            allow=self.config.diagnostics.allow_unverified_reference, fix=RECORDER_FIX,
+            suspects=self._suspects)
         # the previous epoch is not the last: its state gradients, kept for finish(), go
         # before this epoch's are taken (two sets at once would double the peak memory)
         self._unjudged = None

@@ -32,6 +32,7 @@ from creditaudit.measures.gradients import StateGradients
 from creditaudit.measures.nudging import DEFAULT_ETAS
 from creditaudit.measures.quality import NonFiniteModelError, Progress, credit_quality
 from creditaudit.measures.reference_check import checked_reference
+from creditaudit.measures.reference_modules import ReferenceGradientError
 from creditaudit.methods import CreditRule
 from creditaudit.methods.base import all_finite
 from creditaudit.methods.footprint import nonfinite_part
@@ -142,6 +143,39 @@ def reference_at_start(model: torch.nn.Module, eval_x: torch.Tensor, eval_y: tor
                                   forward_from=model.forward_from, allow=allow, fix=fix)
     return ReferenceState(verified=check.verified, how=check.how, where=check.where,
                           detail=check.detail)
+
+
+def reference_since_start(start: ReferenceState, model: torch.nn.Module,
+                          eval_x: torch.Tensor, eval_y: torch.Tensor, *, epoch: int,
+                          allow: bool, fix: str, suspects: str = "the network"
+                          ) -> ReferenceState:
+    """The reference as a loop's epoch ``epoch`` is measured: ``start`` (the run's
+    :func:`reference_at_start`), checked again when it was verified there, since a loop may
+    change what its forward computes without changing its modules — a fake-quantiser or a
+    straight-through estimator switched on after a few epochs (``FakeQuantize``'s enable
+    flag, an attribute its ``forward`` reads) makes autograd's ∂CE/∂h_l that estimator's
+    credit, which BP would score cos +1.000 against. A backward no longer the gradient
+    raises the one-line refusal saying so (``fix`` its way out); ``allow`` records it instead
+    (``how="failed"``, the epoch in ``detail``), and every cosine, Γ and (b) of the run is
+    then marked. A network with NaN/Inf parameters is not checked (its epoch is recorded
+    as diverged)."""
+    if not start.verified or not all(all_finite(p) for p in model.parameters()):
+        return start
+    try:
+        now = reference_at_start(model, eval_x, eval_y, allow=allow, fix=fix,
+                                 suspects=suspects)
+    except ReferenceGradientError as err:
+        raise ReferenceGradientError(f"epoch {epoch}: {CHANGED_SINCE}: {err}",
+                                     where=err.where) from None
+    if now.verified or now.how != "failed":
+        return start
+    return dataclasses.replace(now, detail=f"from epoch {epoch} ({CHANGED_SINCE}): "
+                                           f"{now.detail}")
+
+
+CHANGED_SINCE = ("the model's backward was the gradient of its forward when the Recorder was "
+                 "created, and is no longer (a straight-through estimator or fake-quantiser "
+                 "switched on since?)")
 
 
 def final_results(log: Sequence[EpochEntry]) -> FinalResults:

@@ -105,3 +105,17 @@ def test_the_command_s_names_are_read_from_the_entry_as_before():
     assert creditaudit.cli.CLOSED_STDOUT_EXIT == 141
     with pytest.raises(AttributeError, match="no attribute 'nothing_such'"):
         creditaudit.cli.nothing_such  # noqa: B018
+
+
+def test_a_registry_asked_first_in_a_fresh_process_lists_its_built_ins():
+    """``import creditaudit`` no longer imports the built-in components; a registry's
+    listing (``classes()``, ``names()``: what docs/configuration.md's option tables are
+    generated from) imports them itself. It listed plugins only."""
+    code = ("from creditaudit.config import component_help\n"
+            "from creditaudit.registry import ARCHITECTURES, DATASETS, DIAGNOSTICS, RULES\n"
+            "print(all(r.names() for r in (RULES, ARCHITECTURES, DATASETS, DIAGNOSTICS)),\n"
+            "      'mnist' in DATASETS.names(), len(component_help()) > 20)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True", "True"]

@@ -268,6 +268,7 @@ class Registry(Generic[C]):
 
     # --- lookups ---------------------------------------------------------------------------
     def _all(self) -> dict[str, type[C]]:
+        self._load_builtins()
         self._load_plugins()
         return {**self._builtin, **self._plugins}
 

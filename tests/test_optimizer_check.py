@@ -84,3 +84,19 @@ def test_a_step_inside_the_loops_evaluation_block_is_refused_in_one_line(name, b
         bound.train_step(*batch(), optimizer)
     assert all(torch.equal(a, b) for a, b in zip(before, bound.model.parameters()))
     assert bound.train_step(*batch(), optimizer).finite  # outside it, the step trains
+
+
+@pytest.mark.parametrize("name", ["bp", "dfa", "fa-linear"])
+def test_a_step_under_enable_grad_inside_inference_mode_is_refused_in_one_line(name):
+    """torch.enable_grad() opened inside torch.inference_mode() turns grad mode on but not
+    inference mode off: the step failed in torch's 'Inference tensors do not track version
+    counter', past the grad-mode check. It is refused as inside inference_mode()."""
+    bound = rule(name, net())
+    optimizer = torch.optim.SGD(bound.trainable_parameters(), lr=0.1)
+    before = [p.detach().clone() for p in bound.model.parameters()]
+    with pytest.raises(ConfigError, match=rf"^{name}: train_step was called inside "
+                                          r"torch\.inference_mode\(\), which turns off the "
+                                          r"gradients"), torch.inference_mode(), \
+            torch.enable_grad():
+        bound.train_step(*batch(), optimizer)
+    assert all(torch.equal(a, b) for a, b in zip(before, bound.model.parameters()))

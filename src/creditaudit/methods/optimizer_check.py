@@ -52,11 +52,13 @@ def check_optimizer(rule: Any, optimizer: torch.optim.Optimizer) -> None:
 
 def check_grad_mode(rule: Any) -> None:
     """ConfigError (one line) when ``rule``'s training step is called where autograd takes
-    no gradients: inside ``torch.inference_mode()`` or ``torch.no_grad()``."""
-    if torch.is_grad_enabled():
+    no gradients: inside ``torch.inference_mode()`` (also under a ``torch.enable_grad()``
+    opened within it, which turns grad mode on but leaves inference mode, and so autograd,
+    off) or ``torch.no_grad()``."""
+    inference = torch.is_inference_mode_enabled()
+    if torch.is_grad_enabled() and not inference:
         return
-    block = ("torch.inference_mode()" if torch.is_inference_mode_enabled()
-             else "torch.no_grad()")
+    block = "torch.inference_mode()" if inference else "torch.no_grad()"
     raise ConfigError(
         f"{rule.name}: train_step was called inside {block}, which turns off the gradients "
         f"the step trains with: take training steps outside the evaluation block (only the "

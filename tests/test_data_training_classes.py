@@ -11,7 +11,7 @@ import torch
 
 from creditaudit.config import bind
 from creditaudit.data import Dataset, GeneratedDataset, load_dataset
-from creditaudit.data.registry import GeneratedOptions
+from creditaudit.data.registry import GeneratedOptions, SyntheticData
 from creditaudit.errors import ConfigError, LoadedDataError
 
 
@@ -85,3 +85,21 @@ def test_a_training_subset_of_one_class_is_refused_naming_the_subset():
 
 def test_a_training_split_missing_some_classes_loads():
     assert _load(TwoOfFour).train_y.unique().tolist() == [0, 1]
+
+
+def test_a_builtin_generators_few_samples_of_one_class_name_data_n_train():
+    """data.n_train=2 of the teacher drew two samples of one class at some seeds (4 of the
+    first 40): refused as the data's fault, asking for "training labels of at least 2
+    classes", which a user of a built-in generator cannot give. Now a ConfigError naming
+    the size, and its way out."""
+    data = bind(SyntheticData, "data", n_train=2, n_test=20)
+    with pytest.raises(ConfigError, match=r"^data.n_train=2: the training labels of synthetic "
+                       r"are all \d \(of its 10 classes\): a network trained on one class .*"
+                       r"tell classes apart; use a larger data.n_train$"):
+        load_dataset(data, seed=4, spec=SyntheticData(data))
+
+
+def test_a_training_subset_of_one_class_asks_for_a_larger_subset_only():
+    with pytest.raises(ConfigError) as error:
+        _load(ZerosFirst, train_subset=10)
+    assert "give training labels" not in str(error.value)

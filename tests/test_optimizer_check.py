@@ -4,6 +4,7 @@ it used to train nothing there and report the batch's loss and accuracy as a tra
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import pytest
@@ -11,6 +12,8 @@ import torch
 
 from creditaudit import rule
 from creditaudit.errors import ConfigError
+from creditaudit.methods.base import StepResult
+from creditaudit.methods.bp import BP
 from creditaudit.models import ResidualMLP
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -84,3 +87,55 @@ def test_a_step_inside_the_loops_evaluation_block_is_refused_in_one_line(name, b
         bound.train_step(*batch(), optimizer)
     assert all(torch.equal(a, b) for a, b in zip(before, bound.model.parameters()))
     assert bound.train_step(*batch(), optimizer).finite  # outside it, the step trains
+
+
+@pytest.mark.parametrize("name", ["bp", "dfa", "fa-linear"])
+def test_a_step_under_enable_grad_inside_inference_mode_is_refused_in_one_line(name):
+    """torch.enable_grad() opened inside torch.inference_mode() turns grad mode on but not
+    inference mode off: the step failed in torch's 'Inference tensors do not track version
+    counter', past the grad-mode check. It is refused as inside inference_mode()."""
+    bound = rule(name, net())
+    optimizer = torch.optim.SGD(bound.trainable_parameters(), lr=0.1)
+    before = [p.detach().clone() for p in bound.model.parameters()]
+    with pytest.raises(ConfigError, match=rf"^{name}: train_step was called inside "
+                                          r"torch\.inference_mode\(\), which turns off the "
+                                          r"gradients"), torch.inference_mode(), \
+            torch.enable_grad():
+        bound.train_step(*batch(), optimizer)
+    assert all(torch.equal(a, b) for a, b in zip(before, bound.model.parameters()))
+
+
+class HandReadout(BP):
+    """A rule computing its update by hand, no autograd: the readout's delta rule on the
+    detached last state (what a Hebbian or forward-only rule does)."""
+
+    name = "hand-readout"
+
+    def train_step(self, x, y, optimizer):
+        optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            states, logits = self.model.forward_states(x)
+            h = states[-1].flatten(1)
+            error = logits.softmax(dim=1) - torch.nn.functional.one_hot(y, logits.shape[1])
+            for p in self.trainable_parameters():
+                if p.shape == (logits.shape[1], h.shape[1]):
+                    p.grad = error.T @ h / len(y)
+            optimizer.step()
+        return StepResult(float(torch.nn.functional.cross_entropy(logits, y)),
+                          int((logits.argmax(dim=1) == y).sum()), len(y), True)
+
+
+def test_a_step_computed_by_hand_trains_inside_no_grad_as_outside():
+    """A rule whose step takes no autograd gradients works inside torch.no_grad(): the
+    grad-mode check refused it up front (b1cb1f1) in a sentence untrue of it ("which turns
+    off the gradients the step trains with"). Only a step that fails there is refused."""
+    trained = []
+    for block in (contextlib.nullcontext, torch.no_grad):
+        bound = rule("bp", net())
+        bound.__class__ = HandReadout
+        optimizer = torch.optim.SGD(bound.trainable_parameters(), lr=0.1)
+        with block():
+            assert bound.train_step(*batch(), optimizer).finite
+        trained.append([p.detach().clone() for p in bound.model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*trained))
+    assert not all(torch.equal(a, b) for a, b in zip(trained[0], net().parameters()))

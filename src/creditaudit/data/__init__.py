@@ -62,7 +62,7 @@ def load_dataset(options: Any, *, seed: int, spec: DatasetSpec[Any] | None = Non
         if bool((dataset.train_y == dataset.train_y[0]).all()):  # the whole split has 2+
             raise ConfigError(f"data.train_subset={options.train_subset} keeps training "
                               f"samples of {spec.name} labelled {int(dataset.train_y[0])} only "
-                              f"(its first {options.train_subset}): {ONE_CLASS}; use a larger "
+                              f"(its first {options.train_subset}): {ONE_CLASS_WHY}; use a larger "
                               "subset")
     dataset.loaded_as = (_loading(options, identity.fingerprint), dataset.content_digest(),
                          _handling(dataset))
@@ -156,9 +156,25 @@ def check_train_subset(options: Any, name: str, available: int) -> None:
 
 
 # Why a training split of one class is refused, like a dataset of one class (check_declared).
-ONE_CLASS = ("a network trained on one class learns to answer it whatever its input, so "
-             "no rule's credit is compared on learning to tell classes apart; give training "
-             "labels of at least 2 classes")
+ONE_CLASS_WHY = ("a network trained on one class learns to answer it whatever its input, "
+                 "so no rule's credit is compared on learning to tell classes apart")
+ONE_CLASS = f"{ONE_CLASS_WHY}; give training labels of at least 2 classes"
+
+
+def _refuse_one_class(spec: DatasetSpec[Any], dataset: Dataset, label: int) -> None:
+    """Refuse a training split whose labels are all ``label``: a ConfigError naming
+    ``data.n_train`` when a built-in generator drew it (a few samples of its teacher or
+    digits may all be of one class: the user's size, not the data, is at fault); a
+    LoadedDataError asking for labels of 2 classes otherwise (a plugin is named by
+    :func:`creditaudit.run.run_code.dataset_at_fault`)."""
+    found = (f"the training labels of {spec.name} are all {label} (of its "
+             f"{dataset.n_classes} classes)")
+    n_train = getattr(getattr(spec, "options", None), "n_train", None)
+    if (type(spec) in DATASETS.builtin_classes() and isinstance(spec, GeneratedDataset)
+            and _whole(n_train)):
+        raise ConfigError(f"data.n_train={n_train}: {found}: {ONE_CLASS_WHY}; use a larger "
+                          "data.n_train")
+    raise LoadedDataError(f"{found}: {ONE_CLASS}")
 
 
 def _whole(value: Any) -> bool:
@@ -205,7 +221,9 @@ def check_loaded(spec: DatasetSpec[Any], dataset: Dataset) -> None:
     what it declares (sample shape, classes, labels within them, training labels of 2
     classes or more, finite features) or what the loader reads (uint8 images or features
     in torch's default dtype, int64 labels), or their normalisation
-    (:func:`check_normalisation`) or augmentation is one the loader cannot apply."""
+    (:func:`check_normalisation`) or augmentation is one the loader cannot apply. A
+    built-in generator's training split of one class is a ConfigError naming its
+    ``data.n_train`` instead (:func:`_refuse_one_class`)."""
     declared, classes = check_declared(spec)
     wrong = LoadedDataError
     if not _whole(dataset.n_classes) or dataset.n_classes != classes:
@@ -252,8 +270,7 @@ def check_loaded(spec: DatasetSpec[Any], dataset: Dataset) -> None:
             raise wrong(f"the {split} labels of {spec.name} run {low} … {high}, outside 0 … "
                         f"{dataset.n_classes - 1} (its {dataset.n_classes} classes)")
         if split == "training" and low == high:
-            raise wrong(f"the training labels of {spec.name} are all {low} (of its "
-                        f"{dataset.n_classes} classes): {ONE_CLASS}")
+            _refuse_one_class(spec, dataset, low)
     padding = dataset.augment_padding
     if dataset.augment and (isinstance(padding, bool) or not isinstance(padding, int)
                             or padding < 0 or not isinstance(dataset.augment_flip, bool)):

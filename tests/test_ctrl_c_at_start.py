@@ -65,6 +65,30 @@ def test_a_ctrl_c_held_while_starting_ends_the_command_with_one_line(capsys, mon
 
 
 @pytest.mark.usefixtures("default_ctrl_c")
+def test_a_ctrl_c_as_the_handler_is_put_back_is_one_line_too(capsys, monkeypatch):
+    """A SIGINT arriving just as :func:`held_interrupts` puts Python's handler back, before
+    the command's own handling takes over, raised a KeyboardInterrupt out of main() (a
+    traceback): it ends in the one line and 130 too, and the command is not run."""
+    put_back = signal.signal
+
+    def signal_arriving_as_put_back(signum, handler):
+        previous = put_back(signum, handler)
+        if handler is signal.default_int_handler:
+            os.kill(os.getpid(), signal.SIGINT)
+        return previous
+
+    monkeypatch.setattr(signal, "signal", signal_arriving_as_put_back)
+    monkeypatch.setattr(command, "run", lambda args: pytest.fail("the command ran"))
+    capsys.readouterr()
+    try:
+        code = main(["report", "nowhere"])
+    except KeyboardInterrupt:
+        pytest.fail("a KeyboardInterrupt came out of main()")
+    assert code == 130
+    assert capsys.readouterr().err == f"{INTERRUPTED}\n"
+
+
+@pytest.mark.usefixtures("default_ctrl_c")
 def test_held_interrupts_notes_sigint_and_puts_the_handler_back():
     with held_interrupts() as interrupted:
         os.kill(os.getpid(), signal.SIGINT)

@@ -31,17 +31,20 @@ INTERRUPTED_EXIT = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``creditaudit`` command with arguments ``argv`` (default: the process's); its
     exit code (130, after one line on stderr, for a Ctrl-C at any moment)."""
-    with held_interrupts() as interrupted:
-        try:
-            command = importlib.import_module("creditaudit.cli.command")
-            args = command.start(argv)
-        except SystemExit:  # --help, --version: a Ctrl-C meanwhile still answers 130
-            if not interrupted:
-                raise
-    if interrupted:
-        print(INTERRUPTED, file=sys.stderr)
-        return INTERRUPTED_EXIT
-    return args if isinstance(args, int) else int(command.run(args))
+    try:
+        with held_interrupts() as interrupted:
+            try:
+                command = importlib.import_module("creditaudit.cli.command")
+                args = command.start(argv)
+            except SystemExit:  # --help, --version: a Ctrl-C meanwhile still answers 130
+                if not interrupted:
+                    raise
+        if not interrupted:
+            return args if isinstance(args, int) else int(command.run(args))
+    except KeyboardInterrupt:  # a Ctrl-C as Python's handler was put back, before the
+        pass  # command's own (run's) took over
+    print(INTERRUPTED, file=sys.stderr)
+    return INTERRUPTED_EXIT
 
 
 @contextlib.contextmanager

@@ -57,21 +57,24 @@ _PUBLIC: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """A public name (:data:`_PUBLIC`: the first imports them all), else a submodule
-    (``creditaudit.run`` after a bare ``import creditaudit``)."""
-    if name in _PUBLIC:
-        for public, module in _PUBLIC.items():
-            globals()[public] = getattr(importlib.import_module(module), public)
-        return globals()[name]
-    if name.startswith("__"):
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    try:
-        return importlib.import_module(f"{__name__}.{name}")
-    except ModuleNotFoundError as err:
-        if err.name != f"{__name__}.{name}":
-            raise
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+# Hidden from type checkers, which read the names above instead: to them a module
+# __getattr__ makes any attribute exist (typed Any), so `creditaudit.trian` would pass.
+if not TYPE_CHECKING:
+    def __getattr__(name: str) -> Any:
+        """A public name (:data:`_PUBLIC`: the first imports them all), else a submodule
+        (``creditaudit.run`` after a bare ``import creditaudit``)."""
+        if name in _PUBLIC:
+            for public, module in _PUBLIC.items():
+                globals()[public] = getattr(importlib.import_module(module), public)
+            return globals()[name]
+        if name.startswith("__"):
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as err:
+            if err.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
 
 
 def __dir__() -> list[str]:

@@ -4,9 +4,10 @@ It imports the standard library only, so that Ctrl-C is taken from the first mom
 command itself (:mod:`creditaudit.cli.command`) imports torch and the package, a second
 or more, and a KeyboardInterrupt raised in there printed a traceback — when torch's own
 import did not swallow it and run the command regardless. While the command starts
-(imports, arguments, log), :func:`main` holds Ctrl-C: it is answered, once started, with
-the one line ``creditaudit: interrupted`` and exit code 130, as a Ctrl-C while the command
-runs is; a second Ctrl-C while it starts ends the process at once, with that line.
+(imports, arguments, log), :func:`main` holds Ctrl-C and SIGTERM: either is answered,
+once started, with the one line ``creditaudit: interrupted`` and exit code 130 (143 for
+SIGTERM), as while the command runs; a second while it starts ends the process at once,
+with that line.
 
 The command's names (``build_parser``, ``sigterm_interrupts``, …) are read here as before,
 from :mod:`creditaudit.cli.command`.
@@ -23,52 +24,60 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-# What an interrupted command says, on stderr (exit code INTERRUPTED_EXIT).
+# What an interrupted command says, on stderr (exit code INTERRUPTED_EXIT, 128 + SIGTERM
+# for a SIGTERM).
 INTERRUPTED = "creditaudit: interrupted"
 INTERRUPTED_EXIT = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C
+# The signals held while the command starts, each with the handler it is held from: Python's
+# Ctrl-C handler, SIGTERM's default (the process dies, saying nothing).
+_HELD = ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``creditaudit`` command with arguments ``argv`` (default: the process's); its
-    exit code (130, after one line on stderr, for a Ctrl-C at any moment)."""
-    with held_interrupts() as interrupted:
-        try:
-            command = importlib.import_module("creditaudit.cli.command")
-            args = command.start(argv)
-        except SystemExit:  # --help, --version: a Ctrl-C meanwhile still answers 130
-            if not interrupted:
-                raise
-    if interrupted:
-        print(INTERRUPTED, file=sys.stderr)
-        return INTERRUPTED_EXIT
-    return args if isinstance(args, int) else int(command.run(args))
+    exit code (130, after one line on stderr, for a Ctrl-C at any moment; 143 for a
+    SIGTERM)."""
+    try:
+        with held_interrupts() as interrupted:
+            try:
+                command = importlib.import_module("creditaudit.cli.command")
+                args = command.start(argv)
+            except SystemExit:  # --help, --version: a Ctrl-C meanwhile still answers 130
+                if not interrupted:
+                    raise
+        if not interrupted:
+            return args if isinstance(args, int) else int(command.run(args))
+    except KeyboardInterrupt:  # a Ctrl-C as Python's handler was put back, before the
+        interrupted = [signal.SIGINT]  # command's own (run's) took over
+    print(INTERRUPTED, file=sys.stderr)
+    return 128 + interrupted[0]
 
 
 @contextlib.contextmanager
 def held_interrupts() -> Iterator[list[int]]:
-    """While the body runs, a SIGINT is noted (in the list yielded), not raised: raised
-    inside torch's import, a KeyboardInterrupt was printed as a traceback, or lost (torch's
-    import clears errors it meets, and the command ran on). A second SIGINT ends the process
-    at once (one line, exit code 130; nothing of the command has run). Python's handler is
-    put back after. Where SIGINT has another handler (ignored, or one the caller set), or
+    """While the body runs, a SIGINT or SIGTERM is noted (in the list yielded), not raised:
+    raised inside torch's import, a KeyboardInterrupt was printed as a traceback, or lost
+    (torch's import clears errors it meets, and the command ran on); a SIGTERM ended the
+    process without a word. A second signal ends the process at once (one line, exit code
+    128 + the first's number; nothing of the command has run). The handlers are put back
+    after. A signal with another handler (ignored, or one the caller set) is not held, and
     outside the main thread, which alone may set handlers, nothing changes."""
     interrupted: list[int] = []
-    if threading.current_thread() is not threading.main_thread() \
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        yield interrupted
-        return
+    held = [] if threading.current_thread() is not threading.main_thread() else \
+        [signum for signum, handler in _HELD if signal.getsignal(signum) is handler]
 
     def note(signum: int, frame: object) -> None:
         if interrupted:
             os.write(2, f"{INTERRUPTED}\n".encode())
-            os._exit(INTERRUPTED_EXIT)
+            os._exit(128 + interrupted[0])
         interrupted.append(signum)
 
-    signal.signal(signal.SIGINT, note)
+    previous = {signum: signal.signal(signum, note) for signum in held}
     try:
         yield interrupted
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def __getattr__(name: str) -> Any:

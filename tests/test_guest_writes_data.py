@@ -167,7 +167,8 @@ def test_a_network_that_writes_the_evaluation_data_is_refused_by_a_recorder(tmp_
 def test_a_network_that_writes_the_evaluation_data_stops_a_recorders_epoch(tmp_path):
     """A Recorder measures each epoch on the user's eval_x: a network writing it there stops
     the epoch in one line naming the network as the record's model.module does, and the
-    rule, instead of recording numbers of other data."""
+    rule, instead of recording numbers of other data (the epoch's check of the reference
+    gradient is the first to run the network on it)."""
     with guests(tmp_path / "site", "door-mixture", "late-halves-its-input"):
         net = halving_network(armed=False)
         recorder = recorder_of(tmp_path, net, **{"diagnostics.end_of_run": False})
@@ -175,7 +176,8 @@ def test_a_network_that_writes_the_evaluation_data_stops_a_recorders_epoch(tmp_p
         with pytest.raises(GuestError) as err:
             recorder.epoch(0)
     assert str(err.value).startswith(
-        "the run's data changed in place while epoch 0 was measured: " + RECORDER_SUSPECTS
+        "the run's data changed in place while epoch 0's reference gradient was checked: "
+        + RECORDER_SUSPECTS
     ), err.value
     assert recorder.record.log == []
 

@@ -126,19 +126,19 @@ def note_protocol(record: RunRecord, epoch: int, report: DiagnosticReport) -> No
 
 
 def reference_at_start(model: torch.nn.Module, eval_x: torch.Tensor, eval_y: torch.Tensor,
-                       *, allow: bool, fix: str, suspects: str = "the network"
-                       ) -> ReferenceState:
+                       *, allow: bool, fix: str, suspects: str = "the network",
+                       doing: str = "the reference gradient was checked") -> ReferenceState:
     """The reference check of a run as it starts, on ``model`` as built (a contract model:
     ``forward_states``/``forward_from``) and the evaluation set ``(N, …)``, ``(N,)`` (its
     first samples): in eval mode under a forked RNG, on a float64 copy or on detached
     inputs, so training is the same with and without it. A backward that is not the
     gradient raises the one-line refusal naming the module, whose way out is ``fix``;
     ``allow`` (``diagnostics.allow_unverified_reference``) records it instead. A forward
-    that writes the evaluation set in place stops it in one line naming ``suspects``
-    (:func:`~creditaudit.run.data_writes.data_left_alone`)."""
+    that writes the evaluation set in place stops it in one line naming ``suspects`` and
+    what was being done (``doing``; :func:`~creditaudit.run.data_writes.data_left_alone`)."""
     devices = [eval_x.device] if eval_x.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices), measurement_mode(model), data_left_alone(
-            (eval_x, eval_y), suspects, "the reference gradient was checked"):
+            (eval_x, eval_y), suspects, doing):
         check = checked_reference(model, model.forward_states, eval_x, eval_y,
                                   forward_from=model.forward_from, allow=allow, fix=fix)
     return ReferenceState(verified=check.verified, how=check.how, where=check.where,
@@ -163,7 +163,8 @@ def reference_since_start(start: ReferenceState, model: torch.nn.Module,
         return start
     try:
         now = reference_at_start(model, eval_x, eval_y, allow=allow, fix=fix,
-                                 suspects=suspects)
+                                 suspects=suspects,
+                                 doing=f"epoch {epoch}'s reference gradient was checked")
     except ReferenceGradientError as err:
         raise ReferenceGradientError(f"epoch {epoch}: {CHANGED_SINCE}: {err}",
                                      where=err.where) from None

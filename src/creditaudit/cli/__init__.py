@@ -24,13 +24,23 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-# What an interrupted command says, on stderr (exit code INTERRUPTED_EXIT, 128 + SIGTERM
-# for a SIGTERM).
+# What an interrupted command says, on stderr (exit code: interrupted_exit_code).
 INTERRUPTED = "creditaudit: interrupted"
-INTERRUPTED_EXIT = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C
 # The signals held while the command starts, each with the handler it is held from: Python's
 # Ctrl-C handler, SIGTERM's default (the process dies, saying nothing).
 _HELD = ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL))
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C raises KeyboardInterrupt: a run stops the same way
+    (records 'interrupted', says what it saved); only the exit code differs."""
+
+
+def interrupted_exit_code(interrupt: BaseException | int) -> int:
+    """The exit code of a command stopped by ``interrupt`` (or by the signal numbered so):
+    128 + the signal's number, as a shell reports it — 143 for SIGTERM, 130 for Ctrl-C."""
+    terminated = isinstance(interrupt, Terminated) or interrupt == signal.SIGTERM
+    return 128 + (signal.SIGTERM if terminated else signal.SIGINT)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -50,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # a Ctrl-C as Python's handler was put back, before the
         interrupted = [signal.SIGINT]  # command's own (run's) took over
     print(INTERRUPTED, file=sys.stderr)
-    return 128 + interrupted[0]
+    return interrupted_exit_code(interrupted[0])
 
 
 @contextlib.contextmanager
@@ -69,7 +79,7 @@ def held_interrupts() -> Iterator[list[int]]:
     def note(signum: int, frame: object) -> None:
         if interrupted:
             os.write(2, f"{INTERRUPTED}\n".encode())
-            os._exit(128 + interrupted[0])
+            os._exit(interrupted_exit_code(interrupted[0]))
         interrupted.append(signum)
 
     previous = {signum: signal.signal(signum, note) for signum in held}

@@ -32,8 +32,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
 from creditaudit.caller import for_command_line
-from creditaudit.cli import INTERRUPTED
-from creditaudit.cli.common import Terminated, interrupted_exit_code, refused_together
+from creditaudit.cli import INTERRUPTED, Terminated, interrupted_exit_code
+from creditaudit.cli.common import refused_together
 from creditaudit.errors import CreditAuditError, GuestError, error_line, unrecorded_note
 from creditaudit.files.safe_files import describe_os_error
 from creditaudit.formatting import plain_line

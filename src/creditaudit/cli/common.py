@@ -8,7 +8,6 @@ import math
 import os
 import re
 import shlex
-import signal
 import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -25,18 +24,6 @@ from creditaudit.config import (
 from creditaudit.config.validation import INT64
 from creditaudit.errors import ConfigError, CreditAuditError
 from creditaudit.registry import ARCHITECTURES, DATASETS, RULES, Registry
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where Ctrl-C raises KeyboardInterrupt: a run stops the same way
-    (records 'interrupted', says what it saved); only the exit code differs."""
-
-
-def interrupted_exit_code(interrupt: BaseException | int) -> int:
-    """The exit code of a command stopped by ``interrupt`` (or by the signal numbered so):
-    128 + the signal's number, as a shell reports it — 143 for SIGTERM, 130 for Ctrl-C."""
-    terminated = isinstance(interrupt, Terminated) or interrupt == signal.SIGTERM
-    return 128 + (signal.SIGTERM if terminated else signal.SIGINT)
 
 
 def finite_float(text: str) -> float:

@@ -9,12 +9,12 @@ import sys
 import time
 from pathlib import Path
 
+from creditaudit.cli import interrupted_exit_code
 from creditaudit.cli.common import (
     ENV_OVERRIDES,
     add_device_options,
     device_flags,
     folder,
-    interrupted_exit_code,
     refusals_in_flags,
     refuse_together,
 )

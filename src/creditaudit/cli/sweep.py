@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from creditaudit.cli import interrupted_exit_code
 from creditaudit.cli.common import (
     ENV_OVERRIDES,
     add_device_options,
@@ -26,7 +27,6 @@ from creditaudit.cli.common import (
     env_overrides,
     finite_float,
     folder,
-    interrupted_exit_code,
     refusals_in_flags,
 )
 from creditaudit.cli.sweep_executor import (

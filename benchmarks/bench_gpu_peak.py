@@ -45,6 +45,7 @@ from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import creditaudit.methods.base as rule_base
+import creditaudit.methods.cross_entropy as cross_entropy
 from creditaudit.config import MethodConfig
 from creditaudit.methods import CreditRule, build_rule
 from creditaudit.models import ResidualMLP
@@ -115,15 +116,15 @@ class _OneHotSync:
     reads the labels' range back to the host: one device sync per DFA step."""
 
     def __enter__(self) -> None:
-        self.saved = rule_base.one_hot
+        self.saved = cross_entropy.one_hot  # what output_error calls
 
         def synced(y: Tensor, n_classes: int, dtype: torch.dtype) -> Tensor:
             return torch.nn.functional.one_hot(y, n_classes).to(dtype)
 
-        rule_base.one_hot = synced
+        cross_entropy.one_hot = synced
 
     def __exit__(self, *exc: object) -> None:
-        rule_base.one_hot = self.saved
+        cross_entropy.one_hot = self.saved
 
 
 def _rule_modules() -> list[Any]:

@@ -1,17 +1,16 @@
 """The probe of an adapted model: what ``adapt()`` checks and learns before any training.
 
 :func:`~creditaudit.models.adapted.adapt` checks everything on a probe batch before any
-training and raises one-line :class:`~creditaudit.errors.ModelContractError`\\ s: unknown names
-(with close matches), a state whose output is not one floating tensor of shape (B, d),
+training and raises one-line :class:`~creditaudit.errors.ModelContractError`\\ s: first how
+the network behaves (:mod:`creditaudit.models.adapt_behaviour`: it fails on the probe
+inputs, gives NaN/Inf logits, replaces its parameters on every forward, changes its input
+batch in place, is random or mixes samples in eval mode), then its states, here: unknown
+names (with close matches), a state whose output is not one floating tensor of shape (B, d),
 (B, T, d) or (B, C, H, W), a state module called twice or not at all, states listed out of
-order, a state that does not reach the output, a state that is not a cut, a forward that
-changes its input batch in place, and a model that mixes samples in eval mode (the
-diagnostics run there and need per-sample independence) — and, before these, a network
-that fails on the probe inputs (named with its error; one whose forward needs several), gives
-NaN/Inf logits (the parameter holding NaN/Inf named), or replaces its parameters on every
-forward (BioTorch's uSF/brSF layers). It also learns the states' shapes, the segments, the
-classes and whether the readout ends in a LayerNorm — the fact the protocol's diagnosis of
-(b) rests on: the logits of a readout that normalises h_L do not change when h_L is scaled.
+order, a state that does not reach the output, a state that is not a cut. It also learns
+the states' shapes, the segments, the classes and whether the readout ends in a LayerNorm —
+the fact the protocol's diagnosis of (b) rests on: the logits of a readout that normalises
+h_L do not change when h_L is scaled.
 A fact declared to ``adapt`` (``terminal_ln``, ``n_classes``) must agree with what the probe
 finds; a contradiction is refused.
 
@@ -28,18 +27,19 @@ import torch
 from torch import Tensor, nn
 
 from creditaudit.errors import ModelContractError
-from creditaudit.formatting import counted
-from creditaudit.models import adapt_arguments
 from creditaudit.models.adapt_arguments import backward_hook_cause, checkpoint_cause
+from creditaudit.models.adapt_behaviour import (
+    MIXING_RTOL,  # noqa: F401 — importable from here as before
+    check_independence,
+    check_runs,
+    first_line,
+)
 from creditaudit.models.contract import without_zero_samples
 from creditaudit.models.direct_uses import DirectUses
 
 # forward_from(l, h_l) must give the logits to this precision, relative to their scale
 # (the tolerance diagnose() holds a user's forward_from to).
 REPRODUCE_RTOL = 1e-4
-# Sample 0's outputs may move by this much (relative) when the other samples change:
-# rounding of batched kernels, never a mixing layer (those move it by O(1)).
-MIXING_RTOL = 1e-5
 # A readout is scale-invariant (ends in a LayerNorm) when scaling a unit-RMS h_L by 4 moves the
 # logits by less than this, relative: a LayerNorm's eps and float32 rounding move them by
 # ~1e-5, a readout linear in h_L by O(1).
@@ -84,8 +84,10 @@ class AdaptProbe:
                 for p, _ in flags:
                     if p.is_floating_point():  # an integer parameter (an index table) has none
                         p.requires_grad_(True)
-                self._check_runs(x, source)
-                self._check_independence(x)  # its passes need no gradient
+                check_runs(self.net, x, source)
+                check_independence(  # its passes need no gradient
+                    self.net, x, functools.partial(self._trace, detach=False, leaf=False),
+                    self.state_names)
                 self._find_prefixes(x)
                 self._check_states(x)
                 self._check_classes(n_classes)
@@ -95,48 +97,17 @@ class AdaptProbe:
             raise
         except Exception as err:  # noqa: BLE001 — the user's network: name it and its error
             cause = (checkpoint_cause(type(self.net).__name__, err)
-                     or backward_hook_cause(self.net, err, _first_line(err)))
+                     or backward_hook_cause(self.net, err, first_line(err)))
             if cause:
                 raise ModelContractError(cause) from None
             raise ModelContractError(
                 f"{type(self.net).__name__} raised {type(err).__name__} while adapt() probed "
-                f"it on {source}: {_first_line(err)}") from None
+                f"it on {source}: {first_line(err)}") from None
         finally:
             for module, training in modes:
                 module.training = training
             for p, requires in flags:
                 p.requires_grad_(requires)
-
-    def _check_runs(self, x: Tensor, source: str) -> None:
-        """The network runs on ``x``, keeps its parameters (the same objects after a forward)
-        and gives finite logits — before any check that would misread a failure of these."""
-        name = type(self.net).__name__
-        before = list(self.net.named_parameters())
-        try:
-            with torch.no_grad():
-                logits = self.net(x)
-        except Exception as err:  # noqa: BLE001 — the user's network on the user's input
-            raise ModelContractError(adapt_arguments.several_inputs_cause(self.net, err) or (
-                f"adapt() ran {name} on {source} ({_dtype(x)}, shape {tuple(x.shape)}) and it "
-                f"raised {type(err).__name__}: {_first_line(err)}; pass inputs its forward "
-                "takes")) from None
-        after = dict(self.net.named_parameters())
-        replaced = next((n for n, p in before if after.get(n) is not p), None)
-        if replaced is not None:
-            raise ModelContractError(
-                f"{name} replaces its parameter {replaced!r} with a new one on every forward "
-                "(as BioTorch's uSF and brSF layers do): rules train and diagnostics read "
-                "parameters that stay the same objects; adapt the plain network and bind "
-                "creditaudit's own rule, e.g. rule('usf', model) or rule('brsf', model)")
-        if isinstance(logits, Tensor) and logits.is_floating_point() \
-                and not bool(torch.isfinite(logits).all()):
-            tensors = [*self.net.named_parameters(), *self.net.named_buffers()]
-            bad = next((n for n, t in tensors if t.is_floating_point()
-                        and not bool(torch.isfinite(t).all())), None)
-            why = (f"its {'parameter' if bad in after else 'buffer'} {bad!r} holds NaN/Inf; "
-                   "adapt a network with finite weights" if bad is not None else
-                   "its weights and the probe inputs are finite, so an operation overflows")
-            raise ModelContractError(f"{name} gives NaN/Inf logits on the probe batch: {why}")
 
     def probe_reads(self, parameter: str) -> bool:
         """Whether the states or logits of the probe's eval-mode forward depend on
@@ -262,54 +233,6 @@ class AdaptProbe:
         change = float((scaled - base).norm()) / max(float(base.norm()), 1e-30)
         return change < SCALE_INVARIANT_RTOL
 
-    def _check_independence(self, x: Tensor) -> None:
-        """Eval-mode outputs must be the same on a second pass over the same batch, and
-        sample 0's must not move when the other samples change."""
-        if x.shape[0] < 2:
-            raise ModelContractError(f"the probe batch has {counted(x.shape[0], 'sample')}: give "
-                                     "adapt() at least 2 (example=x[:8])")
-        rest = x[1:] * 2.0 + 1.0 if x.is_floating_point() else x[1:].flip(-1)
-        with torch.no_grad():
-            probe = x.clone()  # the first pass on a copy: did the forward edit it?
-            again, again_logits = self._trace(probe, detach=False, leaf=False)
-            if not torch.equal(probe, x) and not (
-                    x.is_floating_point() and torch.allclose(probe, x, rtol=0.0, atol=0.0,
-                                                             equal_nan=True)):
-                raise ModelContractError(
-                    "the model's forward changes its input batch in place (an in-place op "
-                    "on its input, such as x.mul_(…) or x -= …?), and the diagnostics "
-                    "forward one batch many times: make the forward work on a copy "
-                    "(x = x * …)")
-            states, logits = self._trace(x, detach=False, leaf=False)
-            other_states, other_logits = self._trace(torch.cat([x[:1], rest]), detach=False,
-                                                     leaf=False)
-        names = [*self.state_names, "the logits"]
-        for name, a, b in zip(names, [*states, logits], [*again, again_logits], strict=True):
-            # the mixing tolerance: a device's own non-determinism in sums is not randomness
-            if float((a - b).abs().max()) > MIXING_RTOL * (float(a.abs().max()) + 1.0):
-                raise ModelContractError(
-                    f"the model's eval-mode forward is random: two passes over the same batch "
-                    f"differ at {name!r} (dropout called with training=True, or torch.rand… "
-                    "in its forward?), and the diagnostics compare outputs of the same "
-                    "samples; make the forward deterministic in eval mode (nn.Dropout, or "
-                    "F.dropout(..., training=self.training))")
-        pairs = [*zip(self.state_names, states, other_states), ("the logits", logits,
-                                                                other_logits)]
-        for name, a, b in pairs:
-            scale = float(a[0].abs().max()) + 1.0
-            if float((a[0] - b[0]).abs().max()) > MIXING_RTOL * scale:
-                culprit = next((n for n, m in self.net.named_modules()
-                                if isinstance(m, nn.modules.batchnorm._BatchNorm)
-                                and m.running_mean is None), None)
-                why = (f"BatchNorm {culprit!r} has track_running_stats=False, so it "
-                       "normalises with batch statistics in eval mode too" if culprit
-                       else f"at {name!r} or before it")
-                raise ModelContractError(
-                    f"the model mixes samples in eval mode ({why}): sample 0's output "
-                    "changes with the other samples of the batch, and the diagnostics need "
-                    "per-sample outputs; use layers that act per sample in eval mode "
-                    "(BatchNorm with running statistics, LayerNorm, GroupNorm)")
-
     def _find_prefixes(self, x: Tensor) -> None:
         """For each state, the largest modules that finish before its module starts, run
         once and return one batch-first floating tensor: :meth:`forward_from` skips them (zeros of
@@ -381,15 +304,6 @@ class AdaptProbe:
                 f"readout: parameter {missing[0]!r} also acts after the last state "
                 f"{self.state_names[-1]!r}; add its module to readout= or leave readout out "
                 "(it is then everything after the last state)")
-
-
-def _first_line(err: BaseException) -> str:
-    text = " ".join(str(err).split())
-    return text[:300] if text else type(err).__name__
-
-
-def _dtype(x: Tensor) -> str:
-    return str(x.dtype).removeprefix("torch.")
 
 
 def _first_inversion(order: list[int]) -> tuple[int, int]:

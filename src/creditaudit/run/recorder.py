@@ -15,12 +15,13 @@ with the training loop's own functions (:mod:`creditaudit.run.results`), and
 writes ``OUT/NAME/record.json`` atomically; :meth:`Recorder.finish` closes it with the
 status, the final results and the end-of-run block (ρ, nudging, Γ, drift, the fresh-feedback
 null: :mod:`creditaudit.run.recorder_finish`). ``creditaudit report``, ``figures`` and
-``export`` read such records beside the command line's. The record says what was trained:
-the model's own description, the rule and its options, the data (a built-in dataset's
-identity, or a fingerprint of the evaluation arrays) and the code
-(``environment.components``; the network's ``code_digest``, which the run id and the recipe
-cover, as a ``module`` factory's). Its ``model.arch`` is ``own-loop``, which describes and never
-builds: ``audit`` and ``resume`` refuse such a run in one line (audit it in the loop with
+``export`` read such records beside the command line's. The record, opened when the
+Recorder is created (:mod:`creditaudit.run.recorder_start`), says what was trained: the
+model's own description, the rule and its options, the data (a built-in dataset's identity,
+or a fingerprint of the evaluation arrays) and the code (``environment.components``; the
+network's ``code_digest``, which the run id and the recipe cover, as a ``module``
+factory's). Its ``model.arch`` is ``own-loop``, which describes and never builds: ``audit``
+and ``resume`` refuse such a run in one line (audit it in the loop with
 :func:`creditaudit.diagnose`).
 
 Diagnostics never change training: they run in eval mode under a forked RNG and take
@@ -30,7 +31,6 @@ recorder.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import weakref
 from collections.abc import Mapping
@@ -39,19 +39,14 @@ from typing import Any
 
 from torch import Tensor
 
-from creditaudit.data.registry import digest_text
 from creditaudit.errors import ConfigError
 from creditaudit.files.safe_files import ensure_folder
 from creditaudit.measures.epoch import epoch_diagnostics
 from creditaudit.measures.gradients import StateGradients
 from creditaudit.measures.progress import Say
-from creditaudit.measures.user_models import check_inputs, check_same_device
 from creditaudit.measures.working import check_copy_runs
 from creditaudit.methods import CreditRule
 from creditaudit.models.contract import measurement_mode, parameter_snapshot
-from creditaudit.models.packages import network_packages
-from creditaudit.models.registry import OwnLoopArchitecture
-from creditaudit.protocol.verdicts import Protocol
 from creditaudit.records import (
     CHECKPOINT_FILE,
     CHECKPOINT_FORMAT,
@@ -59,24 +54,14 @@ from creditaudit.records import (
     EpochEntry,
     RunRecord,
     atomic_torch_save,
-    new_record,
     save_record,
 )
 from creditaudit.records.claims import check_held, lost_claim
-from creditaudit.records.run_ids import CodeVersion, RunCode, compute_run_id
-from creditaudit.registry import DATASETS
 from creditaudit.run.data_writes import data_left_alone, own_loop_suspects
-from creditaudit.run.plan import code_version
 from creditaudit.run.recorder_config import (
     OWN_DATA,
     array_fingerprint,
     check_frozen_as_recorded,
-    data_identity,
-    dataset_admission,
-    distribution,
-    guest_code,
-    network_identity,
-    not_recorded,
     recorder_config,
     user_network,
 )
@@ -86,10 +71,10 @@ from creditaudit.run.recorder_inputs import (
     check_folder_written,
     check_network_unchanged,
     check_rule_held,
+    checked_eval_set,
     checked_extras,
     checked_number,
     claim_folder,
-    folder_name,
     hold_rule,
     network_layout,
     released_on_error,
@@ -98,6 +83,7 @@ from creditaudit.run.recorder_inputs import (
     write_folder,
 )
 from creditaudit.run.recorder_progress import RecorderProgress
+from creditaudit.run.recorder_start import open_record
 from creditaudit.run.results import (
     note_credit_not_finite,
     protocol_due,
@@ -162,19 +148,8 @@ class Recorder:
                  config: Mapping[str, Any] | None = None, checkpoint: bool = False,
                  overwrite: bool = False, allow_unverified_reference: bool = False,
                  progress: bool | Say = True) -> None:
-        if not isinstance(rule, CreditRule):
-            raise ConfigError(f"Recorder records a credit rule, got {type(rule).__name__}: "
-                              "pass creditaudit.rule(name, adapt(net, states=[…]))")
+        eval_x = checked_eval_set(rule, eval_x, eval_y)
         model = rule.model
-        check_inputs(model, eval_x, eval_y)
-        check_same_device(model, eval_x, eval_y)
-        # an eval set left requiring grad is data, as in diagnose(): the same storage and
-        # version counter, so the watch on writes to it still sees them
-        eval_x = eval_x.detach()
-        device = eval_x.device
-        if eval_y.numel() and not 0 <= int(eval_y.min()) <= int(eval_y.max()) < rule.n_classes:
-            raise ConfigError(f"eval_y holds labels outside 0 … {rule.n_classes - 1}, the "
-                              f"classes of the rule's {rule.n_classes} logits")
         self.rule, self.eval_x, self.eval_y = rule, eval_x, eval_y
         self._eval_versions = tensor_versions(eval_x, eval_y)
         self._suspects = own_loop_suspects(rule)  # who wrote eval_x while it was measured
@@ -199,37 +174,10 @@ class Recorder:
                                        fix=RECORDER_FIX, suspects=self._suspects)
         if settings.end_of_run:  # finish() runs a float64 copy: say now if it cannot run
             check_copy_runs(model, eval_x)
-        identity = data_identity(spec, self.config, eval_x, eval_y, rule.n_classes)
-        description = dataclasses.replace(model.describe(), arch=OwnLoopArchitecture.name,
-                                          frozen_parameters=rule.frozen_outside())
-        # The network is identified by its code, as a `module` factory is: two classes of
-        # one name, or one edited between runs, are two runs and two recipes; a network of
-        # installed classes only, by its module tree.
-        network = user_network(model)
-        digest, identified = network_identity(network)
-        self.protocol = Protocol.from_config(self.config.diagnostics)
-        method, diagnostics = guest_code(rule, self.protocol)
-        data_code = CodeVersion(identity.name) if spec is None else code_version(
-            DATASETS, spec, admission=dataset_admission(spec(self.config.data)))
-        code = RunCode(method=method,
-                       model=CodeVersion(OwnLoopArchitecture.name, digest=digest),
-                       data=data_code, diagnostics=diagnostics)
-        if name is None:  # the config names the class, not its sizes: add the description
-            name = compute_run_id(self.config, digest_text(
-                {"data": identity.fingerprint, "model": description.identity()}), code)
-        self.run_dir = Path(out) / folder_name(name)
+        self.run_dir, self.record, self.protocol = open_record(
+            rule, self.config, spec, given, eval_x, eval_y, out=out, name=name,
+            reference=reference)
         self._say.prefix = f"Recorder {self.run_dir.name}: "
-        components = code.to_dict()
-        components["model"]["module"] = self.config.model.module  # type: ignore[attr-defined]
-        components["model"].update(identified)
-        components["model"]["module_origin"] = distribution(type(network).__module__)
-        components["model"]["module_packages"] = network_packages(network, versions=True)
-        if spec is None:
-            components["data"]["origin"] = "the user's own loop"
-        self.record = new_record(self.config, device=str(device), data=identity,
-                                 run_id=self.run_dir.name, model=description, code=components)
-        self.record.not_recorded = not_recorded(self.config, given)
-        self.record.reference = reference
         self.initial = parameter_snapshot(model)
         self.finished = False
         self._ended: tuple[int, dict[str, float]] = (0, {})  # the rule's last ended epoch

@@ -1,7 +1,8 @@
 """What a :class:`~creditaudit.run.recorder.Recorder` is handed, checked before it records
-anything: the run's folder name and whether it may be claimed, the numbers a loop reports
-for an epoch, the version counters that tell whether the evaluation arrays were changed
-in place since, and the network's modules and parameters, which must stay those it had."""
+anything: the rule and the evaluation set it is created with, the run's folder name and
+whether it may be claimed, the numbers a loop reports for an epoch, the version counters that
+tell whether the evaluation arrays were changed in place since, and the network's modules
+and parameters, which must stay those it had."""
 
 from __future__ import annotations
 
@@ -13,15 +14,38 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from creditaudit.data.identity import tensor_versions
 from creditaudit.errors import ConfigError, OutputError, RunRecordError
 from creditaudit.files.safe_files import describe_os_error
+from creditaudit.measures.user_models import check_inputs, check_same_device
+from creditaudit.methods import CreditRule
 from creditaudit.models.adapt_arguments import is_compiled
 from creditaudit.records import RECORD_FILE, RECORD_KEYS, RUN_FILES
 from creditaudit.records.claims import holding_run
 from creditaudit.scalar_values import recordable_number
+
+
+def checked_eval_set(rule: Any, eval_x: Tensor, eval_y: Tensor) -> Tensor:
+    """``eval_x`` detached, once ``rule`` is a bound credit rule and ``eval_x`` ``(N, …)``,
+    ``eval_y`` ``(N,)`` an evaluation set its model takes (:func:`~creditaudit.measures.
+    user_models.check_inputs`), on its device, with labels among its classes; one-line
+    ConfigError (or ModelContractError) otherwise."""
+    if not isinstance(rule, CreditRule):
+        raise ConfigError(f"Recorder records a credit rule, got {type(rule).__name__}: "
+                          "pass creditaudit.rule(name, adapt(net, states=[…]))")
+    model = rule.model
+    check_inputs(model, eval_x, eval_y)
+    check_same_device(model, eval_x, eval_y)
+    # an eval set left requiring grad is data, as in diagnose(): the same storage and
+    # version counter, so the watch on writes to it still sees them
+    eval_x = eval_x.detach()
+    if eval_y.numel() and not 0 <= int(eval_y.min()) <= int(eval_y.max()) < rule.n_classes:
+        raise ConfigError(f"eval_y holds labels outside 0 … {rule.n_classes - 1}, the "
+                          f"classes of the rule's {rule.n_classes} logits")
+    return eval_x
+
 
 # What may change a module's forward or its backward besides its class and its tensors:
 # the hooks torch runs around it (attribute of nn.Module → what the message calls one).
@@ -322,7 +346,7 @@ def refuse_record_keys(extras: Mapping[str, float | None]) -> None:
 _EPOCH_NUMBERS = ("test_acc", "test_loss", "train_loss", "train_acc")
 
 
-__all__ = ["folder_name", "replaced_writer", "write_folder", "check_folder_written",
-           "hold_rule", "check_rule_held", "claim_folder", "clear_run_files", "released_on_error",
-           "checked_number", "tensor_versions", "checked_extras", "refuse_record_keys",
-           "recordable_number"]
+__all__ = ["checked_eval_set", "folder_name", "replaced_writer", "write_folder",
+           "check_folder_written", "hold_rule", "check_rule_held", "claim_folder",
+           "clear_run_files", "released_on_error", "checked_number", "tensor_versions",
+           "checked_extras", "refuse_record_keys", "recordable_number"]

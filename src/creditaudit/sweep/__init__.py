@@ -81,17 +81,15 @@ from creditaudit.sweep.grid import (
     sweep_from_dict,
 )
 from creditaudit.sweep.plans import plan_runs, run_labels, unique_plans
-from creditaudit.sweep.runner import (
-    SweepResult,
-    SweepState,
+from creditaudit.sweep.preflight import (
     check_devices,
     check_loggers,
     prepare_configs,
     results_folder,
-    run_states,
-    run_sweep,
     sweep_threads,
 )
+from creditaudit.sweep.progress import SweepState
+from creditaudit.sweep.runner import SweepResult, run_states, run_sweep
 from creditaudit.sweep.summary_file import SUMMARY_FILE, sweep_summary
 from creditaudit.sweep.worker import (
     AFTER_THE_RECORD,

@@ -1,5 +1,8 @@
-"""Running a sweep: what is left to do, progress counts, and when to write
-``sweep_summary.json`` (:mod:`~creditaudit.sweep.summary_file`)."""
+"""Running a sweep (:func:`run_sweep`): what is left to do (:func:`run_states`), handing
+the runs to the executor's workers, waiting for runs another process holds, and when to
+write ``sweep_summary.json`` (:mod:`~creditaudit.sweep.summary_file`). What it checks
+before any run starts is :mod:`~creditaudit.sweep.preflight`; the counts its progress line
+shows, :mod:`~creditaudit.sweep.progress`."""
 
 from __future__ import annotations
 
@@ -12,8 +15,8 @@ from typing import Any
 
 import torch
 
-from creditaudit.caller import OUT, on_command_line
-from creditaudit.config import RunConfig, apply_overrides
+from creditaudit.caller import on_command_line
+from creditaudit.config import RunConfig
 from creditaudit.errors import ConfigError
 from creditaudit.files.safe_files import ensure_folder
 from creditaudit.records import FINISHED, RECORD_FILE
@@ -22,6 +25,15 @@ from creditaudit.run.plan import RunPlan
 from creditaudit.sweep.executors import Executor
 from creditaudit.sweep.outcome import FOREIGN, NEWER, TAKEN_OVER, Outcome, left_alone, new_outcome
 from creditaudit.sweep.plans import plan_runs, unique_plans
+from creditaudit.sweep.preflight import (  # noqa: F401 — importable from here as before
+    DEFAULT_THREADS,
+    check_devices,
+    check_loggers,
+    prepare_configs,
+    results_folder,
+    sweep_threads,
+)
+from creditaudit.sweep.progress import SweepState
 from creditaudit.sweep.summary_file import (
     SUMMARY_FILE,
     reported_status,
@@ -33,81 +45,7 @@ from creditaudit.sweep.worker import disk_status, run_task, task_ids
 log = logging.getLogger(__name__)
 
 
-
 # --- the sweep ---------------------------------------------------------------------------
-@dataclass
-class SweepState:
-    """Counts for the progress line: ``done`` (completed or diverged), ``failed``,
-    ``interrupted`` (stopped by a signal; resumable), ``newer`` (refused: a newer
-    creditaudit's run), ``refused`` (its folder holds another run's record), ``busy``
-    (claimed by another sweep)."""
-
-    total: int
-    done: int = 0
-    failed: int = 0
-    interrupted: int = 0
-    newer: int = 0
-    refused: int = 0
-    busy: int = 0
-    outstanding: int = 0
-    slots: int = 1
-    run_seconds: list[float] = field(default_factory=list)
-    # Runs a worker has started, where the executor knows (Ray); else the outstanding tasks
-    # are assumed to fill the slots in the order they were handed out.
-    started: int | None = None
-    # The run ids of each task handed to the executor whose runs have not all ended, in
-    # that order (a task: one run, or a --stack group that one worker trains at once).
-    tasks: list[list[str]] = field(default_factory=list)
-
-    @property
-    def running(self) -> int:
-        if self.started is not None:
-            return self.started
-        if self.tasks:
-            return sum(len(task) for task in self.tasks[:self.slots])
-        return min(self.slots, self.outstanding)
-
-    def task_ended(self, run_id: str) -> None:
-        """Run ``run_id`` ended: it leaves its task (a task of no run left leaves too)."""
-        for task in self.tasks:
-            if run_id in task:
-                task.remove(run_id)
-        self.tasks = [task for task in self.tasks if task]
-
-    @property
-    def left(self) -> int:
-        return self.total - self.ended
-
-    @property
-    def ended(self) -> int:
-        """Runs this sweep is finished with, whatever their status."""
-        return self.done + self.failed + self.interrupted + self.newer + self.refused
-
-    def count(self, status: str) -> None:
-        """Count one run's end status (anything but completed/diverged/interrupted/newer/
-        refused failed)."""
-        if status in FINISHED:
-            self.done += 1
-        elif status == "interrupted":
-            self.interrupted += 1
-        elif status == NEWER:
-            self.newer += 1
-        elif status == FOREIGN:
-            self.refused += 1
-        else:
-            self.failed += 1
-
-    @property
-    def eta_seconds(self) -> float | None:
-        """Left tasks × mean run time / parallel slots, a stack of runs that train at once
-        counting once (None before the first trained run)."""
-        if not self.run_seconds:
-            return None
-        mean = sum(self.run_seconds) / len(self.run_seconds)
-        left = self.left - sum(len(task) for task in self.tasks) + len(self.tasks)
-        return mean * left / max(1, min(self.slots, left))
-
-
 @dataclass
 class SweepResult:
     """What a sweep did: one outcome per run (in sweep order), the summary written and the
@@ -117,87 +55,6 @@ class SweepResult:
     summary: dict[str, Any]
     summary_path: Path
     plans: list[RunPlan] = field(default_factory=list)  # one per run, in sweep order
-
-
-def results_folder(plans: Sequence[RunPlan]) -> Path:
-    """The one results folder of a sweep's runs (their plans); ConfigError when they name
-    several (an ``[[include]]`` run with its own ``run.out_dir``)."""
-    out_dirs = {plan.config.run.out_dir for plan in plans}
-    if len(out_dirs) != 1:
-        raise ConfigError(f"all runs of a sweep must share one results folder, got "
-                          f"{sorted(out_dirs)}; set run.out_dir in [base] only, or {OUT}")
-    return Path(out_dirs.pop())
-
-
-def prepare_configs(configs: list[RunConfig], *, threads: int | None) -> list[RunConfig]:
-    """Absolute results folders (workers may start elsewhere), no per-run progress bars,
-    and the executor's thread count; none of these change a run id."""
-    out = []
-    for config in configs:
-        overrides: dict[str, Any] = {"run.out_dir": str(Path(config.run.out_dir).resolve()),
-                                     "run.progress": False}
-        if threads is not None:
-            overrides["run.threads"] = threads
-        out.append(apply_overrides(config, overrides))
-    return out
-
-
-# A sweep's torch threads per run when neither the command line nor the sweep file says.
-DEFAULT_THREADS = 1
-
-
-def sweep_threads(configs: Sequence[RunConfig], given: int | None, *,
-                  set_by: str | None = None) -> tuple[int, str | None]:
-    """(torch threads per run, a one-line warning or None) of a sweep of ``configs``:
-    ``given`` (``--threads-per-worker``) when given, else the ``run.threads`` every run
-    sets alike (the sweep file's), else :data:`DEFAULT_THREADS`. The warning names the
-    ``run.threads`` not followed: one that ``given`` overrides, or one that only some runs
-    set or that differs between runs (a sweep trains every run on one count). ``set_by``:
-    where the runs' ``run.threads`` came from when not the sweep file (``CREDITAUDIT_SET``),
-    as the warning names it. The count is no part of a run id: no choice here changes one."""
-    asked = sorted({c.run.threads for c in configs if c.run.threads is not None})
-    counts = ", ".join(map(str, asked))
-    if given is not None:
-        overridden = ", ".join(str(t) for t in asked if t != given)
-        whose = f"{set_by}'s run.threads={overridden}" if set_by else \
-            f"the sweep's run.threads = {overridden}"
-        return given, (f"--threads-per-worker {given} overrides {whose}"
-                       if overridden else None)
-    if len(asked) == 1 and all(c.run.threads == asked[0] for c in configs):
-        return asked[0], None
-    if asked:
-        return DEFAULT_THREADS, (f"the sweep's runs do not all set one run.threads (they "
-                                 f"set {counts}): every run trains on {DEFAULT_THREADS} "
-                                 "thread; set it in [base], or pass --threads-per-worker T")
-    return DEFAULT_THREADS, None
-
-
-def check_devices(plans: Sequence[RunPlan], executor: str) -> None:
-    """ConfigError, in one line, when runs that train on this machine (every executor but
-    ``ray``) ask for a device it lacks (``run.device='cuda'`` without a GPU): one error
-    before the sweep starts, and in its dry run, not a failed record per run."""
-    if executor == "ray":
-        return
-    from creditaudit.run.setup import resolve_device
-
-    for device in sorted({plan.config.run.device for plan in plans}):
-        resolve_device(device)
-
-
-def check_loggers(plans: Sequence[RunPlan], executor: str) -> None:
-    """ConfigError or OutputError, in one line, when runs that train on this machine (every
-    executor but ``ray``, whose workers may have other packages and folders) ask for a logger
-    that cannot start: its package missing (``run.wandb_project`` without wandb), its folder
-    unusable (``run.tensorboard`` naming a file), a project name W&B refuses. As
-    :func:`check_devices`: one error before the sweep starts, and in its dry run, not a
-    failed record per run. The loggers are built and closed unstarted, which opens nothing
-    (:func:`~creditaudit.loggers.build_loggers`)."""
-    if executor == "ray":
-        return
-    from creditaudit.loggers import build_loggers
-
-    for plan in plans:
-        build_loggers(plan.config, plan.run_id, console=False).close()
 
 
 def run_states(plans: Sequence[RunPlan], *, retry_failed: bool = False,

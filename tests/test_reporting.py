@@ -310,6 +310,23 @@ def test_runs_that_differ_in_a_setting_get_a_column_for_it(results):
                                         ).columns
 
 
+def test_an_option_of_one_rule_brings_no_column_beside_rules_without_it(results):
+    """A Fashion-MNIST sweep of BP, FA, DFA, the Credit Bridge and frozen blocks gave both
+    tables a `settings` column of nine rule options, `method.bridge_hidden=—, …` on every
+    BP row, though the method column tells the rules apart; an option differs only between
+    runs of rules that have it."""
+    bp, dfa = first(results, "bp"), first(results, "dfa")
+    assert "normalise_credit" in dfa["config"]["method"]
+    assert "normalise_credit" not in bp["config"]["method"]
+    index = index_of([bp, dfa])
+    for table in (audit_table(index, index.runs), summary_table(index, index.runs)):
+        assert not [c for c in table.columns if c.startswith("method.") or c == "settings"]
+    raw = variant(dfa, "dfa-raw", **{"method.normalise_credit": False})
+    index = index_of([bp, dfa, raw])
+    audit = audit_table(index, index.runs)
+    assert sorted(row["method.normalise_credit"] for row in audit.rows) == ["no", "yes", "—"]
+
+
 def test_unfinished_runs_have_their_own_section_and_no_summary_row(results):
     dfa = first(results, "dfa")
     failed_fa = variant(dfa, "fa-failed", **{"method.name": "fa"})

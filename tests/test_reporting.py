@@ -327,6 +327,24 @@ def test_an_option_of_one_rule_brings_no_column_beside_rules_without_it(results)
     assert sorted(row["method.normalise_credit"] for row in audit.rows) == ["no", "yes", "—"]
 
 
+def test_audit_panels_say_which_recipe_a_column_of_mixed_recipes_draws(results):
+    """Figure 6 drew BP at optim.lr 50 (growth 1.3e3×) in one column with BP at 1e-3 on a
+    real MNIST-1D folder: one `BP` column, nothing telling the two recipes apart. Each
+    column now names its recipe, and a note says how the recipes differ."""
+    from creditaudit.figures import audit_panels
+
+    bp = first(results, "bp")
+    index = index_of([bp, variant(bp, "bp-fast", **{"optim.lr": 50.0})])
+    cats, _ = audit_panels.panel_points(audit_panels.select(index))
+    assert sorted(cats) == ["BP\nrecipe 1", "BP\nrecipe 2"]
+    fig = audit_panels.build(index)[audit_panels.NAME]
+    [note] = [t.get_text() for t in fig.texts if t.get_gid() == "recipes"]
+    assert note in {"Recipes: 2 differs from 1 in optim.lr: 50.0 vs 0.001.",
+                    "Recipes: 2 differs from 1 in optim.lr: 0.001 vs 50.0."}
+    cats, _ = audit_panels.panel_points(audit_panels.select(index_of([bp])))
+    assert cats == ["BP"]  # one recipe: no number
+
+
 def test_unfinished_runs_have_their_own_section_and_no_summary_row(results):
     dfa = first(results, "dfa")
     failed_fa = variant(dfa, "fa-failed", **{"method.name": "fa"})

@@ -226,3 +226,15 @@ def test_final_accuracy_bar_labels_stay_inside_their_axes(figures):
     for label in labels:
         extent = label.get_window_extent(renderer)
         assert extent.y1 <= box.y1 and extent.y0 >= box.y0, label.get_text()
+
+
+def test_no_two_panel_titles_overlap(figures):
+    """Figure 2's column titles ran into each other on a real folder's grid: "median ‖h_L‖
+    (residual norm)" was cut by "median ‖g_L‖ (BP gradient at h_L, 1/128 scale)" beside it,
+    each title wider than its panel."""
+    for name, fig in figures.items():
+        renderer = fig.canvas.get_renderer()
+        titles = [(ax.title.get_text(), ax.title.get_window_extent(renderer))
+                  for ax in fig.axes if ax.title.get_text()]
+        for (a, box_a), (b, box_b) in itertools.combinations(titles, 2):
+            assert not box_a.overlaps(box_b), f"{name}: the titles '{a}' and '{b}' overlap"

@@ -115,3 +115,15 @@ def test_fig3a_counts_the_nan_norms_of_both_its_axes_in_one_note(diverged_result
                for t in ax.texts if t.get_gid() == "not_drawable"]
     assert notes_a == ["2 of 2 runs logged ‖h_L‖ NaN/inf at some epoch (diverged), not drawn\n"
                        "2 of 2 runs logged ‖g_L‖ NaN/inf at some epoch (diverged), not drawn"]
+
+
+def test_per_run_curves_name_each_diverged_run_in_their_legend(diverged_results):
+    """Figure 8 drew a run that diverged in its first epoch as one dot at epoch 0, named
+    `DFA seed 42` like a finished run: nothing on the figure said why its curve stops."""
+    from creditaudit.figures import run_curves
+
+    fig = run_curves.build(RunIndex.from_dir(diverged_results))[run_curves.NAME]
+    labels = {text.get_text() for legend in (ax.get_legend() for ax in fig.axes) if legend
+              for text in legend.get_texts()}
+    assert "DFA seed 42, diverged in epoch 1" in labels
+    assert "DFA λ=0.01 seed 42, diverged in epoch 1" in labels

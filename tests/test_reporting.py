@@ -310,6 +310,41 @@ def test_runs_that_differ_in_a_setting_get_a_column_for_it(results):
                                         ).columns
 
 
+def test_an_option_of_one_rule_brings_no_column_beside_rules_without_it(results):
+    """A Fashion-MNIST sweep of BP, FA, DFA, the Credit Bridge and frozen blocks gave both
+    tables a `settings` column of nine rule options, `method.bridge_hidden=—, …` on every
+    BP row, though the method column tells the rules apart; an option differs only between
+    runs of rules that have it."""
+    bp, dfa = first(results, "bp"), first(results, "dfa")
+    assert "normalise_credit" in dfa["config"]["method"]
+    assert "normalise_credit" not in bp["config"]["method"]
+    index = index_of([bp, dfa])
+    for table in (audit_table(index, index.runs), summary_table(index, index.runs)):
+        assert not [c for c in table.columns if c.startswith("method.") or c == "settings"]
+    raw = variant(dfa, "dfa-raw", **{"method.normalise_credit": False})
+    index = index_of([bp, dfa, raw])
+    audit = audit_table(index, index.runs)
+    assert sorted(row["method.normalise_credit"] for row in audit.rows) == ["no", "yes", "—"]
+
+
+def test_audit_panels_say_which_recipe_a_column_of_mixed_recipes_draws(results):
+    """Figure 6 drew BP at optim.lr 50 (growth 1.3e3×) in one column with BP at 1e-3 on a
+    real MNIST-1D folder: one `BP` column, nothing telling the two recipes apart. Each
+    column now names its recipe, and a note says how the recipes differ."""
+    from creditaudit.figures import audit_panels
+
+    bp = first(results, "bp")
+    index = index_of([bp, variant(bp, "bp-fast", **{"optim.lr": 50.0})])
+    cats, _ = audit_panels.panel_points(audit_panels.select(index))
+    assert sorted(cats) == ["BP\nrecipe 1", "BP\nrecipe 2"]
+    fig = audit_panels.build(index)[audit_panels.NAME]
+    [note] = [t.get_text() for t in fig.texts if t.get_gid() == "recipes"]
+    assert note in {"Recipes: 2 differs from 1 in optim.lr: 50.0 vs 0.001.",
+                    "Recipes: 2 differs from 1 in optim.lr: 0.001 vs 50.0."}
+    cats, _ = audit_panels.panel_points(audit_panels.select(index_of([bp])))
+    assert cats == ["BP"]  # one recipe: no number
+
+
 def test_unfinished_runs_have_their_own_section_and_no_summary_row(results):
     dfa = first(results, "dfa")
     failed_fa = variant(dfa, "fa-failed", **{"method.name": "fa"})

@@ -1,7 +1,8 @@
 """Figure 6, audit panels: one panel per protocol diagnostic with its threshold line.
 
 Every run with a protocol block is a point (x: its method, λ and — when the folder mixes
-them — architecture and dataset; seeds side by side), coloured by its verdict as every
+them — architecture and dataset, and its recipe's number where a column would otherwise mix
+recipes; seeds side by side), coloured by its verdict as every
 report colours it (:attr:`~creditaudit.protocol.Judgement.kind`): trustworthy, needs
 walk-back, incomplete (a diagnostic or the reference check not evaluated: never drawn as
 trustworthy) or unverified; a value computed from a reference gradient that is not
@@ -40,6 +41,7 @@ from creditaudit.figures.common import (
 )
 from creditaudit.figures.runs import (
     MissingRuns,
+    setting_difference,
 )
 from creditaudit.formatting import BASELINE_COLOR, BASELINE_KIND, VERDICT_COLORS
 from creditaudit.protocol import KINDS, WALK_BACK, DiagnosticReport, in_order
@@ -104,6 +106,35 @@ def category(run: RunRecord, multi_arch: bool, multi_data: bool) -> str:
     return label
 
 
+def recipe_numbers(pairs: list[tuple[RunRecord, DiagnosticReport]]) -> dict[int, int]:
+    """Each run's recipe number (by ``id``; 1, 2, … in order of first appearance) where a
+    column of :func:`category` would hold runs of more than one recipe (BP at two learning
+    rates), so every column can say which recipe it draws; empty where none would."""
+    multi_arch = len({arch_label(r) for r, _ in pairs}) > 1
+    multi_data = len({r.dataset for r, _ in pairs}) > 1
+    columns: dict[str, set[str]] = {}
+    for run, _ in pairs:
+        columns.setdefault(category(run, multi_arch, multi_data), set()).add(run.recipe_key)
+    if all(len(recipes) == 1 for recipes in columns.values()):
+        return {}
+    order = list(dict.fromkeys(run.recipe_key for run, _ in pairs))
+    return {id(run): order.index(run.recipe_key) + 1 for run, _ in pairs}
+
+
+def recipes_note(pairs: list[tuple[RunRecord, DiagnosticReport]]) -> str | None:
+    """``Recipes: 2 differs from 1 in optim.lr: 50.0 vs 0.001.`` for the recipe numbers
+    the columns carry (:func:`recipe_numbers`), None where they carry none."""
+    numbers = recipe_numbers(pairs)
+    firsts: dict[int, RunRecord] = {}
+    for run, _ in pairs:
+        if numbers:
+            firsts.setdefault(numbers[id(run)], run)
+    if not firsts:
+        return None
+    return "Recipes: " + "; ".join(f"{n} differs from 1 in {setting_difference(run, firsts[1])}"
+                                   for n, run in sorted(firsts.items()) if n > 1) + "."
+
+
 def select(index: RunIndex) -> list[tuple[RunRecord, DiagnosticReport]]:
     """Every usable run with a protocol report (standard or control variant)."""
     pairs = [(run, report) for run in index.select(standard=None)
@@ -123,17 +154,23 @@ def panel_points(pairs: list[tuple[RunRecord, DiagnosticReport]]
     that stopped early (ringed)."""
     multi_arch = len({arch_label(r) for r, _ in pairs}) > 1
     multi_data = len({r.dataset for r, _ in pairs}) > 1
+    numbers = recipe_numbers(pairs)
+
+    def column(run: RunRecord) -> str:
+        label = category(run, multi_arch, multi_data)
+        return f"{label}\nrecipe {numbers[id(run)]}" if numbers else label
+
     cats: list[str] = []
     members: dict[str, list[RunRecord]] = {}
     for run, _ in pairs:
-        cat = category(run, multi_arch, multi_data)
+        cat = column(run)
         if cat not in members:
             cats.append(cat)
         members.setdefault(cat, []).append(run)
     points: dict[str, list[dict]] = {
         id_: [] for id_ in in_order(r.id for _, report in pairs for r in report.diagnostics)}
     for run, report in pairs:
-        cat = category(run, multi_arch, multi_data)
+        cat = column(run)
         peers = members[cat]
         # Records that read alike (a copied folder) are still two points: found by identity.
         place = next(i for i, peer in enumerate(peers) if peer is run)
@@ -236,8 +273,10 @@ def build(index: RunIndex) -> dict[str, Figure]:
     fig.suptitle(f"Protocol diagnostics of {len(pairs)} runs ({n_walk} need walk-back)",
                  y=0.93)
     stopped = stopped_early_note((run for run, _ in pairs), curves=False, lead=STOPPED_EARLY)
-    if stopped:
-        notes_below(fig, list(axes.flat), {"stopped_early": stopped})
+    notes = {gid: text for gid, text in (("stopped_early", stopped),
+                                         ("recipes", recipes_note(pairs))) if text}
+    if notes:
+        notes_below(fig, list(axes.flat), notes)
     return {NAME: fig}
 
 

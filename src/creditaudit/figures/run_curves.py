@@ -36,7 +36,7 @@ from creditaudit.figures.common import (
 )
 from creditaudit.figures.runs import MissingRuns, describe_recipe, setting_difference
 from creditaudit.records import RunRecord
-from creditaudit.results import RunIndex, seed_text
+from creditaudit.results import RunIndex, diverged_in_text, seed_text
 
 NAME = "fig8_run_curves"
 TITLE = "Figure 8 — per-run curves"
@@ -97,12 +97,17 @@ def row_labels(firsts: list[RunRecord]) -> list[str]:
 def line_labels(runs: list[RunRecord]) -> dict[int, str]:
     """The legend text of each of one row's ``runs`` (by ``id``): ``FA seed 2``; where two
     runs of the row would read alike (a rule's other options, a plugin's other code), each
-    with its run id."""
+    with its run id; a diverged run's says so (``DFA seed 1, diverged in epoch 3``): its
+    line stops early, or is a dot at epoch 0, for that reason."""
     texts = [f"{rule_text(run.method, run.penalty)} seed {literal(seed_text(run))}"
              for run in runs]
     counts = Counter(texts)
-    return {id(run): text if counts[text] == 1 else f"{text} ({literal(run.run_id)})"
-            for run, text in zip(runs, texts, strict=True)}
+    labels = {}
+    for run, text in zip(runs, texts, strict=True):
+        label = text if counts[text] == 1 else f"{text} ({literal(run.run_id)})"
+        diverged = diverged_in_text(run)
+        labels[id(run)] = f"{label}, {diverged}" if diverged else label
+    return labels
 
 
 def lone_points(values: list[float]) -> list[int]:

@@ -20,6 +20,7 @@ from creditaudit.results.runs import (
     as_float,
     deep_mean,
     diverged_epoch_text,
+    diverged_in_text,
     diverged_note,
     figure_recipe,
     full_length,
@@ -32,6 +33,7 @@ from creditaudit.results.runs import (
 )
 
 __all__ = ["RunIndex", "Predicate", "arch_label", "as_float", "deep_mean",
-           "diverged_epoch_text", "diverged_note", "figure_recipe", "full_length", "mean_std",
+           "diverged_epoch_text", "diverged_in_text", "diverged_note", "figure_recipe",
+           "full_length", "mean_std",
            "method_label", "method_rank", "seed_std", "seed_text", "sort_methods",
            "stopped_early_note", "stopped_early_text", "terminal_ln"]

@@ -248,6 +248,15 @@ def stopped_early_note(runs: Iterable[RunRecord], *,
 NO_FINITE_EPOCH = "no epoch's evaluation was finite"
 
 
+def diverged_in_text(record: RunRecord) -> str | None:
+    """``diverged in epoch 3`` (``diverged`` where the record does not say when) for a
+    diverged run, else None."""
+    if record.status != "diverged":
+        return None
+    at = (record.divergence or {}).get("epoch")
+    return "diverged" + (f" in epoch {at}" if at is not None else "")
+
+
 def diverged_epoch_text(record: RunRecord, *, mark: str = "",
                         nothing: str = "so no end-of-run point") -> str | None:
     """``diverged in epoch 3: numbers of epoch 2, the last whose evaluation was finite`` for
@@ -255,11 +264,8 @@ def diverged_epoch_text(record: RunRecord, *, mark: str = "",
     epoch's evaluation was finite, so no end-of-run point`` (``nothing``: what that leaves)
     for one with no finite epoch, else None: the words the report and the figures use for
     which epoch a diverged run's end-of-run numbers are of."""
-    if record.status != "diverged":
-        return None
-    at = (record.divergence or {}).get("epoch")
-    text = "diverged" + (f" in epoch {at}" if at is not None else "")
-    if record.final is None:
+    text = diverged_in_text(record)
+    if text is None or record.final is None:
         return text
     epoch = record.numbers_epoch
     if epoch is None:

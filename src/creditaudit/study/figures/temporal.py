@@ -99,8 +99,8 @@ def build(index: RunIndex) -> dict[str, Figure]:
                 log_panel_note(ax, [run for runs in methods.values() for run in runs], key)
             if key == "g_L_norm":
                 floor_line(ax)
-            if row == 0:
-                ax.set_title(title)
+            if row == 0:  # its note on a line of its own: one line is wider than the panel
+                ax.set_title(title.replace(" (", "\n(", 1))
             if row == len(rows) - 1:
                 ax.set_xlabel("epoch")
             integer_x(ax)

@@ -101,6 +101,14 @@ def one_line(text: Any) -> str:
     return " ".join(str(text).splitlines())
 
 
+def error_text(err: BaseException, limit: int = 300) -> str:
+    """``err``'s message on one line (whitespace runs joined, at most ``limit``
+    characters), or its type's name when it has none: how a guest's own error (a
+    network's, a factory's, another library's) is named inside one of our lines."""
+    text = " ".join(str(err).split())
+    return text[:limit] if text else type(err).__name__
+
+
 # Unicode's bidirectional embeddings, overrides and isolates (U+202A–U+202E,
 # U+2066–U+2069): a run id holding U+202E shows its end reversed, other text after it too.
 # Zero-width joiners and other format characters stay (emoji need them).

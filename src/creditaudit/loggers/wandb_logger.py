@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from creditaudit.errors import ConfigError
+from creditaudit.formatting import error_text
 from creditaudit.loggers.base import RunLogger, RunStart
 from creditaudit.loggers.scalars import (
     end_of_run_scalars,
@@ -39,7 +40,7 @@ class WandbLogger(RunLogger):
         try:  # W&B's own rules for a project name, asked before any run starts
             wandb.Settings(project=project)
         except Exception as err:  # noqa: BLE001 — only the project is set: it is the name
-            reason = " ".join(str(err).split()) or type(err).__name__
+            reason = error_text(err)
             raise ConfigError(f"run.wandb_project={project!r} is not a project name Weights & "
                               f"Biases accepts ({reason}); choose another name (--wandb NAME)"
                               ) from None
@@ -59,7 +60,7 @@ class WandbLogger(RunLogger):
                                   job_type="train", reinit="create_new",
                                   settings=wandb.Settings(console="off"))
         except Exception as err:  # noqa: BLE001 — W&B raises many kinds; all mean "cannot log"
-            reason = " ".join(str(err).split()) or type(err).__name__
+            reason = error_text(err)
             raise ConfigError(f"Weights & Biases could not start a run in project "
                               f"{self.project!r} ({reason}): log in with `wandb login`, or "
                               "set WANDB_MODE=offline to write the run to disk") from None

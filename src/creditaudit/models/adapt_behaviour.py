@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from creditaudit.errors import ModelContractError
-from creditaudit.formatting import counted
+from creditaudit.formatting import counted, error_text
 from creditaudit.models import adapt_arguments
 
 # Sample 0's outputs may move by this much (relative) when the other samples change:
@@ -40,7 +40,7 @@ def check_runs(net: nn.Module, x: Tensor, source: str) -> None:
     except Exception as err:  # noqa: BLE001 — the user's network on the user's input
         raise ModelContractError(adapt_arguments.several_inputs_cause(net, err) or (
             f"adapt() ran {name} on {source} ({_dtype(x)}, shape {tuple(x.shape)}) and it "
-            f"raised {type(err).__name__}: {first_line(err)}; pass inputs its forward "
+            f"raised {type(err).__name__}: {error_text(err)}; pass inputs its forward "
             "takes")) from None
     after = dict(net.named_parameters())
     replaced = next((n for n, p in before if after.get(n) is not p), None)
@@ -111,15 +111,8 @@ def check_independence(net: nn.Module, x: Tensor, trace: Trace,
                 "(BatchNorm with running statistics, LayerNorm, GroupNorm)")
 
 
-def first_line(err: BaseException) -> str:
-    """``err``'s message on one line (whitespace runs joined, at most 300 characters), or
-    its type's name when it has none: how a network's own error is named."""
-    text = " ".join(str(err).split())
-    return text[:300] if text else type(err).__name__
-
-
 def _dtype(x: Tensor) -> str:
     return str(x.dtype).removeprefix("torch.")
 
 
-__all__ = ["MIXING_RTOL", "Trace", "check_independence", "check_runs", "first_line"]
+__all__ = ["MIXING_RTOL", "Trace", "check_independence", "check_runs"]

@@ -27,12 +27,12 @@ import torch
 from torch import Tensor, nn
 
 from creditaudit.errors import ModelContractError
+from creditaudit.formatting import error_text
 from creditaudit.models.adapt_arguments import backward_hook_cause, checkpoint_cause
 from creditaudit.models.adapt_behaviour import (
     MIXING_RTOL,  # noqa: F401 — importable from here as before
     check_independence,
     check_runs,
-    first_line,
 )
 from creditaudit.models.contract import without_zero_samples
 from creditaudit.models.direct_uses import DirectUses
@@ -97,12 +97,12 @@ class AdaptProbe:
             raise
         except Exception as err:  # noqa: BLE001 — the user's network: name it and its error
             cause = (checkpoint_cause(type(self.net).__name__, err)
-                     or backward_hook_cause(self.net, err, first_line(err)))
+                     or backward_hook_cause(self.net, err, error_text(err)))
             if cause:
                 raise ModelContractError(cause) from None
             raise ModelContractError(
                 f"{type(self.net).__name__} raised {type(err).__name__} while adapt() probed "
-                f"it on {source}: {first_line(err)}") from None
+                f"it on {source}: {error_text(err)}") from None
         finally:
             for module, training in modes:
                 module.training = training

@@ -28,6 +28,7 @@ from torch import nn
 from creditaudit.caller import set_key
 from creditaudit.config import opt
 from creditaudit.errors import ConfigError, CreditAuditError, GuestError, ModelContractError
+from creditaudit.formatting import error_text
 from creditaudit.guests import Guest, make_guest, own_sources, unread_source
 from creditaudit.guests.blame import blame, exit_message
 from creditaudit.guests.settings import settings_kept
@@ -80,12 +81,12 @@ def load_factory(path: Any) -> Callable[..., Any]:
                           "package or put its folder on PYTHONPATH (the command line also "
                           "finds a module in the folder it runs in)") from None
     except AttributeError as err:
-        raise ConfigError(f"model.factory={path!r}: {_first_line(err)}") from None
+        raise ConfigError(f"model.factory={path!r}: {error_text(err)}") from None
     except SystemExit as err:
         raise GuestError(exit_message(f"model factory {path!r}", err)) from None
     except Exception as err:  # noqa: BLE001 - the user's module failed to import
         raise ConfigError(f"model.factory={path!r}: importing it raised "
-                          f"{type(err).__name__}: {_first_line(err)}") from None
+                          f"{type(err).__name__}: {error_text(err)}") from None
     if not callable(factory):
         raise ConfigError(f"model.factory={path!r} is a {type(factory).__name__}, not "
                           "callable: name a class or function that returns an nn.Module")
@@ -113,10 +114,6 @@ def factory_guest(path: str) -> Guest | None:
         return None
     return make_guest(f"model factory {path!r}", *found)
 
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
 
 
 def _check_names(value: Any, key: str, minimum: int) -> None:
@@ -195,7 +192,7 @@ class ModuleArchitecture(AdaptedArchitecture[ModuleOptions]):
             raise GuestError(exit_message(what, err)) from None
         except Exception as err:  # noqa: BLE001 - the user's factory refused its arguments
             raise ConfigError(f"model.factory={options.factory!r} with model.args={args} "
-                              f"raised {type(err).__name__}: {_first_line(err)}") from None
+                              f"raised {type(err).__name__}: {error_text(err)}") from None
         if not isinstance(net, nn.Module):
             raise ConfigError(f"model.factory={options.factory!r} returned a "
                               f"{type(net).__name__}, not an nn.Module")

@@ -23,7 +23,7 @@ from creditaudit.config.composed import check_distinct
 from creditaudit.config.sections import DiagnosticsConfig
 from creditaudit.errors import ConfigError
 from creditaudit.files import strict_json
-from creditaudit.formatting import telling_number
+from creditaudit.formatting import error_text, telling_number
 from creditaudit.protocol.checks import (
     FIRED,
     NOT_EVALUATED,
@@ -288,7 +288,7 @@ def _unplain(details: Any) -> str | None:
     try:
         json.dumps(details)
     except (TypeError, ValueError) as err:
-        return str(err).splitlines()[0] if str(err) else type(err).__name__
+        return error_text(err)
     clash = strict_json.keys_spelled_alike(details)  # written twice: the record unreadable
     if clash is not None:
         (first, second), spelled = clash

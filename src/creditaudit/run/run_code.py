@@ -97,7 +97,7 @@ def check_same_network(record: RunRecord, code: RunCode, arch: Architecture[Any]
             or model.get("code_digest_of") is not None  # a Recorder's: in its run id
             or record.environment.get("torch") != torch.__version__):
         return  # another torch may keep other settings in the same modules: not a change
-    guest = arch.guest_code() or ARCHITECTURES.guest(arch.name)
+    guest = model_guest(arch)
     what = "its architecture" if guest is None else guest.what
     if then == code.model.untied:
         raise RunRecordError(
@@ -114,6 +114,12 @@ def check_same_network(record: RunRecord, code: RunCode, arch: Architecture[Any]
         "environment variable), which the run id does not cover; restore it to use this "
         f"run, or train the new network as a new run (give such values in model.args, or "
         f"pass {FORCE} to train it over this one)")
+
+
+def model_guest(arch: Architecture[Any]) -> Guest | None:
+    """The code from outside creditaudit that builds the network of ``arch``: a ``module``
+    architecture's factory, or a plugin architecture itself; None for creditaudit's own."""
+    return arch.guest_code() or ARCHITECTURES.guest(arch.name)
 
 
 @contextlib.contextmanager
@@ -169,5 +175,5 @@ def admit(config: RunConfig, rule: type[CreditRule], arch: Architecture[Any],
     return admitted
 
 
-__all__ = ["code_version", "run_code", "check_same_network", "dataset_at_fault",
+__all__ = ["code_version", "run_code", "check_same_network", "model_guest", "dataset_at_fault",
            "guests_of", "admit"]

@@ -16,7 +16,10 @@ its module and qualified name (a lambda or a nested function, whose name is no i
 also by its source, the names and constants its code reads and its closure's values), a
 tensor attribute that is no parameter or buffer by its shape and dtype, and each forward
 (pre-)hook registered on a module as a callable attribute is. A module with none of these
-hashes as it did before they were counted.
+hashes as it did before they were counted. So does a network that holds no module,
+parameter or buffer in two places; one that does (weight tying, ``net[4].weight =
+net[0].weight``; one activation module placed twice) adds which names share one object
+(:func:`sharing`), since tying other layers is another network of the same module tree.
 :func:`parameter_dtype` names the dtype the parameters are held in.
 """
 
@@ -43,14 +46,43 @@ PLAIN = (bool, int, float, str, type(None))
 MAX_DEPTH = 4
 
 
-def structure_digest(net: nn.Module) -> str:
+def structure_digest(net: nn.Module, *, shared: bool = True) -> str:
     """sha256 (hex) of the module tree of ``net`` (module docstring): equal for two
     networks built the same way, whatever their weights, their ``requires_grad`` flags or
     the process; different when a module's class, a setting, or a parameter's or buffer's
-    name, shape or dtype differs."""
-    text = json.dumps([_module_row(name, module) for name, module in net.named_modules()],
-                      sort_keys=True)
+    name, shape or dtype differs, or which names share one module, parameter or buffer
+    (:func:`sharing`). ``shared=False``: the digest without the sharing, as it was before
+    the sharing was counted (what a record of a tied network written then keeps)."""
+    rows: Any = [_module_row(name, module) for name, module in net.named_modules()]
+    # Added only where present, as a module's extras are: an untied network keeps its digest.
+    if shared and (found := sharing(net)):
+        rows = {"modules": rows, "shared": found}
+    text = json.dumps(rows, sort_keys=True)
     return hashlib.sha256(ADDRESS.sub("", text).encode()).hexdigest()
+
+
+def sharing(net: nn.Module) -> dict[str, list[list[str]]]:
+    """What ``net`` holds in more than one place, by name: each module, parameter and
+    buffer reached under several names (``{"parameters": [["0.weight", "4.weight"]]}``
+    for ``net[4].weight = net[0].weight``; ``{"modules": [["1", "5"]]}`` for one
+    ``nn.Tanh`` placed twice in an ``nn.Sequential``), the names of each object sorted and
+    the groups sorted, so the same in any process; the kinds without any left out (``{}``
+    for a network that shares nothing). ``named_modules`` lists such an object once, under
+    its first name, so the module tree alone does not say where else it is used."""
+    found = {kind: _groups(named(remove_duplicate=False)) for kind, named in (
+        ("modules", net.named_modules), ("parameters", net.named_parameters),
+        ("buffers", net.named_buffers))}
+    return {kind: groups for kind, groups in found.items() if groups}
+
+
+def _groups(named: Any) -> list[list[str]]:
+    """The names under which one object is reached, for each object reached under more
+    than one (``named``: ``(name, object)`` pairs)."""
+    names: dict[int, list[str]] = {}
+    for name, value in named:
+        if value is not None:
+            names.setdefault(id(value), []).append(name)
+    return sorted(sorted(group) for group in names.values() if len(group) > 1)
 
 
 def parameter_dtype(net: nn.Module) -> str | None:
@@ -160,4 +192,4 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-__all__ = ["structure_digest", "parameter_dtype"]
+__all__ = ["structure_digest", "parameter_dtype", "sharing"]

@@ -66,7 +66,7 @@ SECTIONS: tuple[tuple[str, type, str], ...] = (
      "place in its object); reading puts them back from that entry. Records before schema "
      "4 stored them."),
     ("The reference gradient (`reference`)", ReferenceState,
-     "Checked once when the run started, on the model as built (float64 central differences "
+     "Checked when the run started, on the model as built (float64 central differences "
      "of its forward on four evaluation samples, then the model's own backward — its dtype, "
      "a batch of up to 512 samples — against that verified one, and, where inputs are "
      "floating, the backward in training mode with dropout masks held fixed; "
@@ -74,8 +74,10 @@ SECTIONS: tuple[tuple[str, type, str], ...] = (
      "whose backward is not the gradient of its forward is refused before the run's folder "
      "is written, unless `diagnostics.allow_unverified_reference` is on; then `how` is "
      "`failed`, the verdict is *unverified* and every cosine, Γ and (b) is shown marked "
-     "unverified. A run recorded from a loop of the user's own (`Recorder`) is checked "
-     "again at each epoch, as its loop may switch on a straight-through estimator later: "
+     "unverified. A run recorded from a loop of the user's own (`Recorder`), and a "
+     "trained run of a network from outside creditaudit (a `model.factory`, a plugin "
+     "architecture; resumed and stacked runs too), is checked again at each epoch, as its "
+     "loop or forward may switch on a straight-through estimator later: "
      "a backward no longer the gradient stops that epoch, or, allowed, makes `how` "
      "`failed` with `detail` naming the epoch from which. Records written before "
      "creditaudit checked it have no block and read as `not checked`."),

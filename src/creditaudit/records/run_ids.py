@@ -58,7 +58,10 @@ class CodeVersion:
     ``structure_digest``, not part of the run id): what a factory reads besides its code (a
     JSON of settings) can build another network from the same code, which a finished run
     is then not served for, nor resumed or audited with
-    (:func:`creditaudit.run.run_code.check_same_network`)."""
+    (:func:`creditaudit.run.run_code.check_same_network`). ``untied``: for a network that
+    shares a module, parameter or buffer between names (weight tying), the digest of its
+    module tree without the sharing, as records written before the sharing was counted
+    keep it (not recorded)."""
 
     name: str
     id_version: int = 0
@@ -67,6 +70,7 @@ class CodeVersion:
     checks: tuple[str, ...] | None = None
     declared_failures: tuple[tuple[str, str], ...] = ()
     structure: str | None = None
+    untied: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "id_version": self.id_version,

@@ -212,7 +212,9 @@ class ReferenceState:
                          "its forward: the reference is the true gradient", False)
     how: str = doc("`states` (the loss's directional derivatives at h_0 and h_L), `modules` "
                    "(each module between the states), `failed` (the check found a backward "
-                   "that is not the gradient, and the run was allowed to go on: "
+                   "that is not the gradient — as the run started or, for a network from "
+                   "outside creditaudit, checked again at each epoch, from the epoch "
+                   "`detail` names — and the run was allowed to go on: "
                    "`diagnostics.allow_unverified_reference`), `skipped` (nothing could be "
                    "compared), `not checked` (records written before creditaudit checked "
                    "it, of a model built from outside code; read as such) or `built-in` "

@@ -25,6 +25,7 @@ from creditaudit.run.results import (
     note_credit_not_finite,
     note_protocol,
     protocol_due,
+    reference_since_start,
 )
 
 if TYPE_CHECKING:
@@ -35,6 +36,11 @@ if TYPE_CHECKING:
     from creditaudit.records import RunRecord
     from creditaudit.run.evaluation import TestEvaluation
     from creditaudit.run.plan import RunPlan
+
+
+# The way out of a refused reference check, as a command's or a config's user takes it
+TRAIN_FIX = ("set diagnostics.allow_unverified_reference = true (--allow-unverified-reference) "
+             "to train it with every cosine, Γ and (b) marked unverified")
 
 
 class EpochMeasurement:
@@ -53,6 +59,10 @@ class EpochMeasurement:
     eval_indices: torch.Tensor  # the evaluation subset's rows of the test split, (n_eval,)
     test_evaluation: TestEvaluation  # the test split beyond the evaluation subset
     full_evaluation: TestEvaluation  # the whole test split
+    # Whether the network is a guest's (a model factory's, a plugin architecture's), whose
+    # forward may change what it computes during the run: its reference is checked again
+    # at every trained epoch (creditaudit's own architectures' forwards cannot switch)
+    rechecks_reference: bool
     # What measuring an epoch found for the record as a whole (its protocol state, the
     # first epoch of non-finite credits), noted in it with the epoch's entry: a run
     # interrupted in between (a stack's, while another run measures) records nothing of
@@ -66,7 +76,17 @@ class EpochMeasurement:
         those samples' test predictions, so the evaluation forwards only the rest. In eval
         mode: BatchNorm uses (and leaves) its running statistics, so the test set never moves
         them and every diagnostic is per sample.
+
+        A guest's network (:attr:`rechecks_reference`) has its reference gradient checked
+        again first, against the record's (:func:`~creditaudit.run.results.
+        reference_since_start`), as a Recorder checks a user's network: a straight-through
+        estimator switched on after a few epochs would otherwise be scored as verified BP.
         """
+        if epoch >= 1 and self.rechecks_reference:
+            self.record.reference = reference_since_start(
+                self.record.reference, self.model, self.eval_x, self.eval_y, epoch=epoch,
+                allow=self.config.diagnostics.allow_unverified_reference, fix=TRAIN_FIX,
+                suspects=run_suspects(self.plan), started="the run started")
         with measurement_mode(self.model), data_left_alone(
                 measured_data(self), run_suspects(self.plan), f"epoch {epoch} was measured"):
             return self._measure(epoch)

@@ -281,7 +281,9 @@ def plan_run(config: RunConfig, *, trained: RunRecord | None = None) -> RunPlan:
                      built.state_layouts)
     # what a model guest's code built: a file it reads can change it, not the run id
     structure = structure_digest(built) if "model" in guests else None
-    code = run_code(rule, arch, spec, protocol, guests, admitted, structure)
+    untied = structure_digest(built, shared=False) if "model" in guests else None
+    code = run_code(rule, arch, spec, protocol, guests, admitted, structure,
+                    None if untied == structure else untied)
     if trained is not None:
         check_same_network(trained, code, arch, trained.run_id)
     # Features and parameters are made in torch's default dtype (a caller's float64 is

@@ -147,8 +147,8 @@ def reference_at_start(model: torch.nn.Module, eval_x: torch.Tensor, eval_y: tor
 
 def reference_since_start(start: ReferenceState, model: torch.nn.Module,
                           eval_x: torch.Tensor, eval_y: torch.Tensor, *, epoch: int,
-                          allow: bool, fix: str, suspects: str = "the network"
-                          ) -> ReferenceState:
+                          allow: bool, fix: str, suspects: str = "the network",
+                          started: str = "the Recorder was created") -> ReferenceState:
     """The reference as a loop's epoch ``epoch`` is measured: ``start`` (the run's
     :func:`reference_at_start`), checked again when it was verified there, since a loop may
     change what its forward computes without changing its modules — a fake-quantiser or a
@@ -158,7 +158,7 @@ def reference_since_start(start: ReferenceState, model: torch.nn.Module,
     raises the one-line refusal saying so (``fix`` its way out); ``allow`` records it instead
     (``how="failed"``, the epoch in ``detail``), and every cosine, Γ and (b) of the run is
     then marked. A network with NaN/Inf parameters is not checked (its epoch is recorded
-    as diverged)."""
+    as diverged). ``started``: when ``start`` was checked, as the messages say it."""
     if not start.verified or not all(all_finite(p) for p in model.parameters()):
         return start
     try:
@@ -166,17 +166,32 @@ def reference_since_start(start: ReferenceState, model: torch.nn.Module,
                                  suspects=suspects,
                                  doing=f"epoch {epoch}'s reference gradient was checked")
     except ReferenceGradientError as err:
-        raise ReferenceGradientError(f"epoch {epoch}: {CHANGED_SINCE}: {err}",
+        raise ReferenceGradientError(f"epoch {epoch}: {changed_since(started)}: {err}",
                                      where=err.where) from None
     if now.verified or now.how != "failed":
         return start
-    return dataclasses.replace(now, detail=f"from epoch {epoch} ({CHANGED_SINCE}): "
+    return dataclasses.replace(now, detail=f"from epoch {epoch} ({changed_since(started)}): "
                                            f"{now.detail}")
 
 
-CHANGED_SINCE = ("the model's backward was the gradient of its forward when the Recorder was "
-                 "created, and is no longer (a straight-through estimator or fake-quantiser "
-                 "switched on since?)")
+def reference_on_resume(recorded: ReferenceState, built: ReferenceState, *,
+                        rechecked: bool) -> ReferenceState:
+    """The reference a resumed run goes on from: ``built``, the check of its network as
+    built now (a checkpoint written before the check existed gets it; code that changed the
+    backward since is judged as it now is), unless the run checks its network again at each
+    epoch (``rechecked``) and its record (``recorded``) says an epoch found the backward no
+    longer the gradient of a network whose build still is: that finding stands (the
+    network as built cannot show it), and the epochs after it stay marked."""
+    if rechecked and built.verified and recorded.failed:
+        return recorded
+    return built
+
+
+def changed_since(started: str) -> str:
+    """What :func:`reference_since_start` found, ``started`` saying when the reference was
+    the gradient (``the Recorder was created``)."""
+    return (f"the model's backward was the gradient of its forward when {started}, and is "
+            "no longer (a straight-through estimator or fake-quantiser switched on since?)")
 
 
 def final_results(log: Sequence[EpochEntry]) -> FinalResults:

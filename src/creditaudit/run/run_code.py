@@ -52,12 +52,15 @@ def code_version(registry: Registry[Any], cls: type, guest: Guest | None = None,
 
 def run_code(rule: type[CreditRule], arch: Architecture[Any], spec: DatasetSpec[Any],
              protocol: Protocol, guests: dict[str, Guest],
-             admitted: dict[str, door.Admission], structure: str | None = None) -> RunCode:
+             admitted: dict[str, door.Admission], structure: str | None = None,
+             untied: str | None = None) -> RunCode:
     """The record's code block: the code identity (:func:`code_version`) of the rule, the
     architecture, the dataset and each diagnostic, with their guests (:func:`guests_of`)
     and what the door admitted of them (:func:`admit`); ``structure``: the module tree
     digest of the network built (kept for a model guest's code, see
-    :func:`check_same_network`)."""
+    :func:`check_same_network`); ``untied``: that digest without the modules and
+    parameters the network shares, where it shares any (a record written before the
+    sharing was counted keeps it)."""
     diagnostics = tuple(
         code_version(DIAGNOSTICS, d, guests.get(f"diagnostic:{d.name}"),
                      admitted.get(f"diagnostic:{d.name}"))
@@ -66,7 +69,8 @@ def run_code(rule: type[CreditRule], arch: Architecture[Any], spec: DatasetSpec[
                                        admitted.get("method")),
                    model=replace(code_version(ARCHITECTURES, arch, guests.get("model"),
                                               admitted.get("model")),
-                                 structure=structure if "model" in guests else None),
+                                 structure=structure if "model" in guests else None,
+                                 untied=untied if "model" in guests else None),
                    data=code_version(DATASETS, spec, guests.get("data"), admitted.get("data")),
                    diagnostics=diagnostics)
 
@@ -80,8 +84,11 @@ def check_same_network(record: RunRecord, code: RunCode, arch: Architecture[Any]
     environment variable) changed, which the run id does not cover, so the finished run is
     not served, resumed or audited as this network's. Records without the digest (before
     it was kept, built-in architectures) pass, and so do runs of another torch version,
-    whose modules may keep other settings. ``arch``: the architecture (its guest is
-    named); ``where``: the run's folder or record."""
+    whose modules may keep other settings. A network that shares modules or parameters
+    between names (weight tying) whose record keeps its tree without the sharing is
+    refused too, saying so: the record was written before the sharing was counted (or of
+    the tree untied), and cannot say what its run shared. ``arch``: the architecture (its
+    guest is named); ``where``: the run's folder or record."""
     components = record.environment.get("components")
     model = components.get("model") if isinstance(components, dict) else None
     then = model.get("structure_digest") if isinstance(model, dict) else None
@@ -90,14 +97,29 @@ def check_same_network(record: RunRecord, code: RunCode, arch: Architecture[Any]
             or model.get("code_digest_of") is not None  # a Recorder's: in its run id
             or record.environment.get("torch") != torch.__version__):
         return  # another torch may keep other settings in the same modules: not a change
-    guest = arch.guest_code() or ARCHITECTURES.guest(arch.name)
+    guest = model_guest(arch)
+    what = "its architecture" if guest is None else guest.what
+    if then == code.model.untied:
+        raise RunRecordError(
+            f"{where}: {what} builds a network that shares modules or parameters between "
+            "names (weight tying) which the run's record does not say it shared: the run "
+            "trained this module tree untied, or its record was written before creditaudit "
+            "counted such sharing in a network's identity and cannot say which it shared; "
+            "it is not served, resumed or audited as this network's: train it again (pass "
+            f"{FORCE} to train it over this one)")
     raise RunRecordError(
-        f"{where}: {'its architecture' if guest is None else guest.what} builds another "
+        f"{where}: {what} builds another "
         f"network than the run trained (module tree {then[:12]}… then, {now[:12]}… now) "
         "from the same code: something it reads besides its code changed (a file, an "
         "environment variable), which the run id does not cover; restore it to use this "
         f"run, or train the new network as a new run (give such values in model.args, or "
         f"pass {FORCE} to train it over this one)")
+
+
+def model_guest(arch: Architecture[Any]) -> Guest | None:
+    """The code from outside creditaudit that builds the network of ``arch``: a ``module``
+    architecture's factory, or a plugin architecture itself; None for creditaudit's own."""
+    return arch.guest_code() or ARCHITECTURES.guest(arch.name)
 
 
 @contextlib.contextmanager
@@ -153,5 +175,5 @@ def admit(config: RunConfig, rule: type[CreditRule], arch: Architecture[Any],
     return admitted
 
 
-__all__ = ["code_version", "run_code", "check_same_network", "dataset_at_fault",
+__all__ = ["code_version", "run_code", "check_same_network", "model_guest", "dataset_at_fault",
            "guests_of", "admit"]

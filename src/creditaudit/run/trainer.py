@@ -43,7 +43,7 @@ from creditaudit.records.claims import check_held
 from creditaudit.records.files import environment, now
 from creditaudit.run.checkpoints import TrainingState, restore
 from creditaudit.run.data_writes import run_suspects
-from creditaudit.run.epoch_measurement import EpochMeasurement
+from creditaudit.run.epoch_measurement import TRAIN_FIX, EpochMeasurement
 from creditaudit.run.evaluation import TestEvaluation
 from creditaudit.run.folder import RunResult, holding_for_train, prepare_run
 from creditaudit.run.init_file import write_initial
@@ -52,10 +52,12 @@ from creditaudit.run.record_keeping import RecordKeeping
 from creditaudit.run.results import (
     finite_entry,
     reference_at_start,
+    reference_on_resume,
     rule_extras,
     training_state_fault,
 )
 from creditaudit.run.resume import changed_settings
+from creditaudit.run.run_code import model_guest
 from creditaudit.run.setup import (
     caller_process,
     make_schedule,
@@ -66,9 +68,6 @@ from creditaudit.run.stack_checkpoints import drop_previous
 from creditaudit.run.steps.capture import CapturedEpochs
 from creditaudit.run.steps.reported import checked_step
 from creditaudit.run.steps.stepping import cuda_graphs_decision, uses_device_data
-
-TRAIN_FIX = ("set diagnostics.allow_unverified_reference = true (--allow-unverified-reference) "
-             "to train it with every cosine, Γ and (b) marked unverified")
 
 
 class Trainer(EpochMeasurement, RecordKeeping):
@@ -133,6 +132,7 @@ class Trainer(EpochMeasurement, RecordKeeping):
                                  run_id=self.run_id, model=self.model.describe(),
                                  code=plan.code.to_dict())
         self.record.reference = self.reference
+        self.rechecks_reference = model_guest(plan.architecture) is not None
         self.cuda_graphs = cuda_graphs_decision(config.run.cuda_graphs, self.device, self.rule,
                                                 config.optim.lr)
         self.record.environment["execution"] = {
@@ -180,10 +180,10 @@ class Trainer(EpochMeasurement, RecordKeeping):
         record.resumed.append(part)
         self.environment = part.environment
         self.record = record
-        # The check of the model as built now (the same model a fresh start builds): a
-        # checkpoint written before the check existed gets it, and code that changed the
-        # backward since is judged as it now is.
-        self.record.reference = self.reference
+        # The check of the model as built now (the same model a fresh start builds), or the
+        # record's where an epoch's check found a guest's backward changed since
+        self.record.reference = reference_on_resume(record.reference, self.reference,
+                                                    rechecked=self.rechecks_reference)
         self.record.status = "running"
         # A run that stopped on its walk-back verdict (killed before its final write, in
         # its end-of-run metrics) trains no further epoch: it only finishes, as it would have.

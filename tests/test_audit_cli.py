@@ -181,6 +181,28 @@ def test_json_of_several_runs_all_refused_is_an_empty_list(tmp_path, capsys):
     assert capsys.readouterr().out == f"report: {out_file} (no run audited)\n"
 
 
+@pytest.mark.parametrize("form", ["json", "md"])
+def test_one_refused_run_leaves_no_earlier_report_standing(tmp_path, capsys, plant, form):
+    """`audit RUN --format json --output out.json` where RUN's record was unreadable raised
+    before anything was written: nothing on stdout (not a JSON document) and, with --output,
+    an earlier call's report left in the file as if it were this one's. One refused run is
+    now what several are: JSON `[]`, the file replaced by this call's (empty) result, the
+    refusal one line on stderr, exit 2."""
+    run = tmp_path / "run"
+    run.mkdir()
+    plant(run / RECORD_FILE, '{"schema": "creditaudit.run/1", "log": [')
+    if form == "json":
+        assert main(["audit", str(run), "--format", "json", "-q"]) == 2
+        assert json.loads(capsys.readouterr().out) == []
+    out_file = tmp_path / f"report.{form}"
+    out_file.write_text("an earlier call's report")
+    assert main(["audit", str(run), "--format", form, "-q", "--output", str(out_file)]) == 2
+    assert out_file.read_text() == ("[]\n" if form == "json" else "")
+    assert capsys.readouterr().out == f"report: {out_file} (no run audited)\n"
+    assert main(["audit", str(run), "--format", form, "-q"]) == 2
+    assert "truncated or not JSON" in _one_line_error(capsys)
+
+
 def test_audit_missing_run_exits_2_with_one_line(tmp_path, capsys):
     assert main(["audit", str(tmp_path / "nope")]) == 2
     assert "no run record" in _one_line_error(capsys)

@@ -410,6 +410,34 @@ def test_a_frozen_run_audited_is_not_judged_against_a_frozen_baseline(runs, caps
         assert "--frozen is not applied to it" in caplog.text
 
 
+def test_an_audited_frozen_run_s_verdict_reads_as_the_tables_say_it(runs, capsys, tmp_path):
+    """The tables, the report and Figure 6 say of a finished frozen-blocks run "baseline of
+    (d)" in place of a verdict (baseline_text); its audit gave it a verdict of its own
+    ("needs walk-back (c); (d) not evaluated"), so one run read two ways. Every format of
+    the audit now says what the tables say (JSON keeps the judgement's data, and the label
+    in metadata.baseline); a run of another rule keeps its verdict."""
+    from creditaudit.protocol.records import baseline_text
+    from creditaudit.records import load_record
+
+    frozen = runs["frozen"].run_dir
+    label = baseline_text(load_record(frozen))
+    assert label == "baseline of (d)"
+    assert main(["audit", str(frozen), "--no-metrics", "-q"]) == 0
+    assert f"verdict: {label}\n" in capsys.readouterr().out
+    assert main(["audit", str(frozen), "--no-metrics", "-q", "--format", "md"]) == 0
+    out = capsys.readouterr().out
+    assert f"**Verdict: {label}**" in out and f"| {label} |" in out
+    assert main(["audit", str(frozen), "--no-metrics", "-q", "--format", "latex"]) == 0
+    assert f"& {label} \\\\" in capsys.readouterr().out
+    assert main(["audit", str(frozen), "--no-metrics", "-q", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["metadata"]["baseline"] == label
+    out_file = tmp_path / "report.md"
+    assert main(["audit", str(frozen), "--no-metrics", "-q", "--output", str(out_file)]) == 0
+    assert capsys.readouterr().out == f"report: {out_file} ({label})\n"
+    assert main(["audit", str(runs["dfa"].run_dir), "--no-metrics", "-q"]) == 0
+    assert "verdict: needs walk-back" in capsys.readouterr().out
+
+
 def test_audit_of_a_diverged_run_says_which_epoch_it_audited(tmp_path, capsys):
     """A diverged run's checkpoint is its last finite epoch (here epoch 0): the text and
     Markdown reports gave its numbers and verdict without saying that they are not of the

@@ -14,7 +14,7 @@ from typing import Any
 from creditaudit.cli.common import folder, output_file, refusals_in_flags
 from creditaudit.config import DEVICES
 from creditaudit.formatting import markdown_text, plain_line
-from creditaudit.report.protocol import FORMATS, render_latex
+from creditaudit.report.protocol import FORMATS, render_latex, verdict_text
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
             # The audit's minutes of work are not lost: the report goes to stdout instead.
             print(text)
             raise type(err)(f"{err}; the report is printed above instead") from None
-        verdicts = "; ".join(report.judgement.text for _, report in reports)
+        verdicts = "; ".join(verdict_text(report) for _, report in reports)
         print(f"report: {args.output} ({verdicts or 'no run audited'})")
     elif text:
         print(text)

@@ -22,7 +22,26 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the command's names, read here on first use (__getattr__)
+    from creditaudit.cli.command import (
+        CLOSED_STDOUT_EXIT,
+        ESCAPES,
+        SUBCOMMANDS,
+        Parser,
+        PlainFormatter,
+        UsageError,
+        any_encoding,
+        build_parser,
+        closest_option,
+        quiet_after_closed_stdout,
+        run,
+        sigterm_interrupts,
+        start,
+        stdout_closed,
+        working_folder_on_path,
+    )
 
 # What an interrupted command says, on stderr (exit code: interrupted_exit_code).
 INTERRUPTED = "creditaudit: interrupted"
@@ -90,12 +109,24 @@ def held_interrupts() -> Iterator[list[int]]:
             signal.signal(signum, handler)
 
 
-def __getattr__(name: str) -> Any:
-    """The command's names (:mod:`creditaudit.cli.command`), read here as before."""
-    if name.startswith("__"):  # asked by tools (inspect, pickle): no reason to import it
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    command = importlib.import_module("creditaudit.cli.command")
-    try:
-        return getattr(command, name)
-    except AttributeError:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+# Hidden from type checkers, which read the names imported above instead: to them a module
+# __getattr__ makes any attribute exist (typed Any), so `creditaudit.cli.mian` would pass.
+if not TYPE_CHECKING:
+    def __getattr__(name: str) -> Any:
+        """The command's names (:mod:`creditaudit.cli.command`), read here as before."""
+        if name.startswith("__"):  # asked by tools (inspect, pickle): no reason to import it
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        command = importlib.import_module("creditaudit.cli.command")
+        try:
+            return getattr(command, name)
+        except AttributeError:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+
+
+# The entry's names, then the command's (read through __getattr__; typed from the imports
+# under TYPE_CHECKING).
+__all__ = ["INTERRUPTED", "Terminated", "interrupted_exit_code", "main", "held_interrupts",
+           "CLOSED_STDOUT_EXIT", "ESCAPES", "SUBCOMMANDS", "Parser", "PlainFormatter",
+           "UsageError", "any_encoding", "build_parser", "closest_option",
+           "quiet_after_closed_stdout", "run", "sigterm_interrupts", "start", "stdout_closed",
+           "working_folder_on_path"]

@@ -111,6 +111,31 @@ def test_a_sigterm_while_starting_ends_the_command_with_one_line_and_143():
     assert (done.returncode, done.stderr) == (143, f"{INTERRUPTED}\n")
 
 
+def test_a_sigterm_as_the_hold_ends_is_one_line_and_143():
+    """A SIGTERM arriving in the bytecodes between the start's hold putting SIGTERM's
+    handler back (the default: the process dies) and the command's own handler
+    (sigterm_interrupts, in run) killed the process without a word. main() now takes
+    SIGTERM as the command does before the hold begins, so the hold hands it over with no
+    gap: one line, 143, the command not run. In a process of its own (on the code before,
+    the signal killed it: exit -15)."""
+    code = ("import contextlib, os, signal, sys\n"
+            "import creditaudit.cli as cli\n"
+            "from creditaudit.cli import command, main\n"
+            "hold = cli.held_interrupts\n"
+            "@contextlib.contextmanager\n"
+            "def hold_then_sigterm():\n"
+            "    with hold() as interrupted:\n"
+            "        yield interrupted\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)  # the hold has ended\n"
+            "cli.held_interrupts = hold_then_sigterm\n"
+            "command.run = lambda args: sys.exit('the command ran')\n"
+            "sys.exit(main(['report', 'nowhere']))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert (done.returncode, done.stderr) == (143, f"{INTERRUPTED}\n")
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # this process's, untouched
+
+
 @pytest.mark.usefixtures("default_ctrl_c")
 def test_held_interrupts_notes_sigint_and_puts_the_handler_back():
     with held_interrupts() as interrupted:
@@ -223,7 +248,8 @@ def test_type_checkers_read_the_command_s_names_in_the_entry_as_imports():
                for target in node.targets if isinstance(target, ast.Name)}
     defined |= {node.name for node in tree.body
                 if isinstance(node, ast.FunctionDef | ast.ClassDef)}
-    own = set(_functions(seen_by_checkers)) | {"INTERRUPTED", "Terminated"}
+    own = {name for name in _functions(seen_by_checkers) if not name.startswith("_")}
+    own |= {"INTERRUPTED", "Terminated"}
     public = {name for name in defined if not name.startswith("_")} - own
     assert typed == dict.fromkeys(public, "creditaudit.cli.command")
     assert set(creditaudit.cli.__all__) == public | own

@@ -181,6 +181,28 @@ def test_json_of_several_runs_all_refused_is_an_empty_list(tmp_path, capsys):
     assert capsys.readouterr().out == f"report: {out_file} (no run audited)\n"
 
 
+@pytest.mark.parametrize("form", ["json", "md"])
+def test_one_refused_run_leaves_no_earlier_report_standing(tmp_path, capsys, plant, form):
+    """`audit RUN --format json --output out.json` where RUN's record was unreadable raised
+    before anything was written: nothing on stdout (not a JSON document) and, with --output,
+    an earlier call's report left in the file as if it were this one's. One refused run is
+    now what several are: JSON `[]`, the file replaced by this call's (empty) result, the
+    refusal one line on stderr, exit 2."""
+    run = tmp_path / "run"
+    run.mkdir()
+    plant(run / RECORD_FILE, '{"schema": "creditaudit.run/1", "log": [')
+    if form == "json":
+        assert main(["audit", str(run), "--format", "json", "-q"]) == 2
+        assert json.loads(capsys.readouterr().out) == []
+    out_file = tmp_path / f"report.{form}"
+    out_file.write_text("an earlier call's report")
+    assert main(["audit", str(run), "--format", form, "-q", "--output", str(out_file)]) == 2
+    assert out_file.read_text() == ("[]\n" if form == "json" else "")
+    assert capsys.readouterr().out == f"report: {out_file} (no run audited)\n"
+    assert main(["audit", str(run), "--format", form, "-q"]) == 2
+    assert "truncated or not JSON" in _one_line_error(capsys)
+
+
 def test_audit_missing_run_exits_2_with_one_line(tmp_path, capsys):
     assert main(["audit", str(tmp_path / "nope")]) == 2
     assert "no run record" in _one_line_error(capsys)
@@ -386,6 +408,34 @@ def test_a_frozen_run_audited_is_not_judged_against_a_frozen_baseline(runs, caps
         assert d["status"] == "not evaluated" and report["metadata"]["frozen_acc"] is None
         assert "this frozen-blocks run is the baseline" in d["reason"]
         assert "--frozen is not applied to it" in caplog.text
+
+
+def test_an_audited_frozen_run_s_verdict_reads_as_the_tables_say_it(runs, capsys, tmp_path):
+    """The tables, the report and Figure 6 say of a finished frozen-blocks run "baseline of
+    (d)" in place of a verdict (baseline_text); its audit gave it a verdict of its own
+    ("needs walk-back (c); (d) not evaluated"), so one run read two ways. Every format of
+    the audit now says what the tables say (JSON keeps the judgement's data, and the label
+    in metadata.baseline); a run of another rule keeps its verdict."""
+    from creditaudit.protocol.records import baseline_text
+    from creditaudit.records import load_record
+
+    frozen = runs["frozen"].run_dir
+    label = baseline_text(load_record(frozen))
+    assert label == "baseline of (d)"
+    assert main(["audit", str(frozen), "--no-metrics", "-q"]) == 0
+    assert f"verdict: {label}\n" in capsys.readouterr().out
+    assert main(["audit", str(frozen), "--no-metrics", "-q", "--format", "md"]) == 0
+    out = capsys.readouterr().out
+    assert f"**Verdict: {label}**" in out and f"| {label} |" in out
+    assert main(["audit", str(frozen), "--no-metrics", "-q", "--format", "latex"]) == 0
+    assert f"& {label} \\\\" in capsys.readouterr().out
+    assert main(["audit", str(frozen), "--no-metrics", "-q", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["metadata"]["baseline"] == label
+    out_file = tmp_path / "report.md"
+    assert main(["audit", str(frozen), "--no-metrics", "-q", "--output", str(out_file)]) == 0
+    assert capsys.readouterr().out == f"report: {out_file} ({label})\n"
+    assert main(["audit", str(runs["dfa"].run_dir), "--no-metrics", "-q"]) == 0
+    assert "verdict: needs walk-back" in capsys.readouterr().out
 
 
 def test_audit_of_a_diverged_run_says_which_epoch_it_audited(tmp_path, capsys):

@@ -111,6 +111,31 @@ def test_a_sigterm_while_starting_ends_the_command_with_one_line_and_143():
     assert (done.returncode, done.stderr) == (143, f"{INTERRUPTED}\n")
 
 
+def test_a_sigterm_as_the_hold_ends_is_one_line_and_143():
+    """A SIGTERM arriving in the bytecodes between the start's hold putting SIGTERM's
+    handler back (the default: the process dies) and the command's own handler
+    (sigterm_interrupts, in run) killed the process without a word. main() now takes
+    SIGTERM as the command does before the hold begins, so the hold hands it over with no
+    gap: one line, 143, the command not run. In a process of its own (on the code before,
+    the signal killed it: exit -15)."""
+    code = ("import contextlib, os, signal, sys\n"
+            "import creditaudit.cli as cli\n"
+            "from creditaudit.cli import command, main\n"
+            "hold = cli.held_interrupts\n"
+            "@contextlib.contextmanager\n"
+            "def hold_then_sigterm():\n"
+            "    with hold() as interrupted:\n"
+            "        yield interrupted\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)  # the hold has ended\n"
+            "cli.held_interrupts = hold_then_sigterm\n"
+            "command.run = lambda args: sys.exit('the command ran')\n"
+            "sys.exit(main(['report', 'nowhere']))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert (done.returncode, done.stderr) == (143, f"{INTERRUPTED}\n")
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # this process's, untouched
+
+
 @pytest.mark.usefixtures("default_ctrl_c")
 def test_held_interrupts_notes_sigint_and_puts_the_handler_back():
     with held_interrupts() as interrupted:
@@ -168,13 +193,11 @@ def test_a_registry_asked_first_in_a_fresh_process_lists_its_built_ins():
     assert done.stdout.split() == ["True", "True", "True"]
 
 
-def test_type_checkers_read_the_package_s_names_as_imports():
-    """What a type checker reads of ``creditaudit/__init__.py``: each name of ``__all__``
-    imported under TYPE_CHECKING, from the module the lazy loader imports it from, and no
-    module ``__getattr__``, which to a checker makes every attribute exist (typed Any):
-    ``creditaudit.trian`` passed mypy, where it was an error before the names were lazy."""
-    init = Path(creditaudit.__file__)
-    tree = ast.parse(init.read_text(encoding="utf-8"))
+def _as_type_checkers_read(path: Path) -> tuple[dict[str, str], list[ast.stmt]]:
+    """What a type checker reads of the module at ``path``: (name → module of each name
+    imported under TYPE_CHECKING, the top-level statements it sees — those under ``if not
+    TYPE_CHECKING`` left out)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
 
     def checking(test: ast.expr) -> bool | None:  # True: TYPE_CHECKING, False: not it
         if isinstance(test, ast.Name) and test.id == "TYPE_CHECKING":
@@ -193,7 +216,45 @@ def test_type_checkers_read_the_package_s_names_as_imports():
                 seen_by_checkers.extend(node.body)
                 typed.update({alias.name: str(imp.module) for imp in node.body
                               if isinstance(imp, ast.ImportFrom) for alias in imp.names})
+    return typed, seen_by_checkers
+
+
+def _functions(nodes: list[ast.stmt]) -> set[str]:
+    return {node.name for node in nodes if isinstance(node, ast.FunctionDef)}
+
+
+def test_type_checkers_read_the_package_s_names_as_imports():
+    """What a type checker reads of ``creditaudit/__init__.py``: each name of ``__all__``
+    imported under TYPE_CHECKING, from the module the lazy loader imports it from, and no
+    module ``__getattr__``, which to a checker makes every attribute exist (typed Any):
+    ``creditaudit.trian`` passed mypy, where it was an error before the names were lazy."""
+    typed, seen_by_checkers = _as_type_checkers_read(Path(creditaudit.__file__))
     assert typed == creditaudit._PUBLIC
     assert set(creditaudit.__all__) == {*typed, "__version__"}
-    assert "__getattr__" not in {node.name for node in seen_by_checkers
-                                 if isinstance(node, ast.FunctionDef)}
+    assert "__getattr__" not in _functions(seen_by_checkers)
+
+
+def test_type_checkers_read_the_command_s_names_in_the_entry_as_imports():
+    """``creditaudit.cli`` reads the command's names (``build_parser``, ``CLOSED_STDOUT_EXIT``,
+    …) from :mod:`creditaudit.cli.command` through a module ``__getattr__``, which type
+    checkers saw: any attribute existed, typed Any, so ``creditaudit.cli.mian`` passed mypy
+    silently. Checkers now read each public name the command defines as an import under
+    TYPE_CHECKING, and no ``__getattr__``; each still resolves, at run time, to the
+    command's own object, as the tests and docs use them."""
+    typed, seen_by_checkers = _as_type_checkers_read(Path(creditaudit.cli.__file__))
+    assert "__getattr__" not in _functions(seen_by_checkers)
+    tree = ast.parse(Path(command.__file__).read_text(encoding="utf-8"))
+    defined = {target.id for node in tree.body if isinstance(node, ast.Assign)
+               for target in node.targets if isinstance(target, ast.Name)}
+    defined |= {node.name for node in tree.body
+                if isinstance(node, ast.FunctionDef | ast.ClassDef)}
+    own = {name for name in _functions(seen_by_checkers) if not name.startswith("_")}
+    own |= {"INTERRUPTED", "Terminated"}
+    public = {name for name in defined if not name.startswith("_")} - own
+    assert typed == dict.fromkeys(public, "creditaudit.cli.command")
+    assert set(creditaudit.cli.__all__) == public | own
+    for name in creditaudit.cli.__all__:
+        assert getattr(creditaudit.cli, name) is (getattr(command, name) if name in public
+                                                  else vars(creditaudit.cli)[name])
+    with pytest.raises(AttributeError, match="has no attribute 'mian'"):
+        creditaudit.cli.mian  # noqa: B018

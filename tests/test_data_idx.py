@@ -293,6 +293,29 @@ def test_a_test_split_copied_from_the_training_files_is_refused(tmp_path: Path) 
         "put the held-out test split there")
 
 
+def test_the_conformance_check_of_a_copied_test_split_says_what_a_load_says(tmp_path: Path
+                                                                            ) -> None:
+    """check_dataset on a folder whose t10k files copy the training files failed
+    test_split_is_held_out with the generic sentence written for a plugin's code ("load the
+    held-out split as the test split"), while a run's load named the folder and the t10k
+    files; the check now says what the load says (one helper: held_out_refusal)."""
+    from creditaudit.config import RunConfig
+    from creditaudit.data import load_dataset
+    from creditaudit.registry import DATASETS
+    from creditaudit.testing import check_dataset
+
+    _write_dataset(tmp_path, gz=False, n_train=6, n_test=3)
+    for kind in ("images-idx3", "labels-idx1"):
+        (tmp_path / f"t10k-{kind}-ubyte").write_bytes(
+            (tmp_path / f"train-{kind}-ubyte").read_bytes())
+    config = RunConfig().replace(**{"data.name": "mnist", "data.data_dir": str(tmp_path)})
+    with pytest.raises(DataError) as loaded:
+        load_dataset(config.data, seed=0)
+    with pytest.raises(AssertionError) as checked:
+        check_dataset(DATASETS.get("mnist"), {"data_dir": str(tmp_path)})
+    assert f"- test_split_is_held_out: {loaded.value}" in str(checked.value).splitlines()
+
+
 def test_a_raw_and_a_gzip_copy_of_other_data_in_one_folder_are_refused(tmp_path: Path) -> None:
     """With both ``stem`` and ``stem.gz`` there, the raw file is read: refused when the two
     hold other data (which was meant cannot be told), read when they agree."""

@@ -472,6 +472,31 @@ def test_cli_folder_of_no_records_is_one_line_error(tmp_path, capsys):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("command,doing", [("figures", "draw"), ("report", "report"),
+                                            ("export", "export")])
+def test_cli_folder_of_only_unreadable_records_is_one_line_error(tmp_path, capsys, caplog,
+                                                                 plant, command, doing):
+    """`creditaudit figures|report|export` of a folder whose every record was unreadable
+    warned of each, then drew, reported or exported nothing and exited 0, as if the folder
+    had held runs; an empty folder is refused (exit 2). It now is too: after the warnings
+    naming each record, one line says none could be read, exit 2, nothing written."""
+    results = tmp_path / "results"
+    plant(results / "r1" / "record.json", '{"schema": "creditaudit.run/1", "log": [')
+    plant(results / "r2" / "record.json", "garbage")
+    out = tmp_path / "out"
+    assert main([command, str(results), *(["--out"] if command != "export" else []),
+                 str(out)]) == 2
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 2 and all("skipping an unreadable record" in w for w in warnings)
+    captured = capsys.readouterr()
+    assert captured.err.strip() == (
+        f"creditaudit: error: {results} holds 2 run records but none that could be read (each "
+        f"named in a warning above), so there is nothing to {doing}: repair or replace them, "
+        "or pass the folder your runs were written to")
+    assert not captured.out and not out.exists()
+    assert sorted(p.name for p in results.iterdir()) == ["r1", "r2"]
+
+
 def test_cli_lists_the_figures_it_cannot_draw(results, tmp_path, capsys):
     """A folder of one run, which most figures do not read: what cannot be drawn is listed
     with the runs it needs, and that is no error."""

@@ -203,6 +203,10 @@ def test_report_finishes_when_a_record_names_a_fifo(tmp_path):
     os.mkfifo(fifo)
     (tmp_path / "h" / "r1").mkdir(parents=True)
     (tmp_path / "h" / "r1" / "record.json").write_text(json.dumps({"schema": f"![k]({fifo})"}))
+    # beside a readable record: a folder of only unreadable ones has nothing to report
+    legacy = Path(__file__).parent / "legacy_records" / "run1_dfa.json"
+    (tmp_path / "h" / "r0").mkdir()
+    (tmp_path / "h" / "r0" / "record.json").write_bytes(legacy.read_bytes())
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     done = subprocess.run([sys.executable, "-m", "creditaudit", "report", str(tmp_path / "h"),
                            "--out", str(tmp_path / "hr")], env=env, timeout=300,

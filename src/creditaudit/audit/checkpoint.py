@@ -34,6 +34,7 @@ from creditaudit.guests.settings import settings_kept
 from creditaudit.methods import CreditRule
 from creditaudit.protocol import DiagnosticReport, labels
 from creditaudit.protocol.records import (
+    baseline_text,
     epoch_fields,
     frozen_baseline,
     is_frozen_baseline,
@@ -243,6 +244,7 @@ def audit_run(path: str | Path, *, frozen: str | float | Path | None = None,
             log.warning("%s is a frozen-blocks run, the baseline of (d) itself: --frozen "
                         "is not applied to it", path)
         frozen_hint = SELF_BASELINE_HINT
+        metadata["baseline"] = baseline_text(record)  # its verdict, as the tables say it
     elif frozen is not None:
         frozen_acc = frozen_accuracy(frozen, record)
     else:

@@ -14,7 +14,7 @@ from typing import Any
 from creditaudit.cli.common import folder, output_file, refusals_in_flags
 from creditaudit.config import DEVICES
 from creditaudit.formatting import markdown_text, plain_line
-from creditaudit.report.protocol import FORMATS, render_latex
+from creditaudit.report.protocol import FORMATS, render_latex, verdict_text
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     def progress(text: str) -> None:
         print(f"audit: {plain_line(text)}", file=sys.stderr, flush=True)
 
-    reports, failed = [], 0
+    reports, failed, refused = [], 0, None
     for run_path in args.run_paths:
         if several and not args.quiet:
             progress(f"run {run_path}")
@@ -100,12 +100,13 @@ def run(args: argparse.Namespace) -> int:
                                    frozen_hint="pass --frozen RUN_OR_ACC",
                                    data_dir=args.data_dir)
         except CreditAuditError as err:
-            if not several:
-                raise
+            failed += 1
+            if not several:  # raised once this call's (empty) result is out
+                refused = err
+                continue
             # One bad run among several: say which and why, and audit the others.
             print(f"creditaudit: error: {' '.join(plain_line(f'{run_path}: {err}').split())}",
                   file=sys.stderr)
-            failed += 1
             continue
         reports.append((run_path, report))
     if args.format == "latex":
@@ -113,30 +114,34 @@ def run(args: argparse.Namespace) -> int:
     else:
         text = _joined([(path, render(report, args.format)) for path, report in reports],
                        args.format, several=several)
-    # JSON is a document even when every run was refused (an empty list): a script reading
-    # it parses it, and an earlier report in --output is not left standing as this one's.
-    written = bool(reports) or args.format == "json"
-    if args.output and written:
+    # The result is this call's even when every run was refused (JSON: an empty list, a
+    # document a script parses): an earlier report in --output is not left standing as
+    # this one's.
+    if args.output:
         try:
-            atomic_write_bytes(Path(args.output), (text + "\n").encode())
+            atomic_write_bytes(Path(args.output), (text + "\n" if text else "").encode())
         except OutputError as err:
             # The audit's minutes of work are not lost: the report goes to stdout instead.
             print(text)
             raise type(err)(f"{err}; the report is printed above instead") from None
-        verdicts = "; ".join(report.judgement.text for _, report in reports)
+        verdicts = "; ".join(verdict_text(report) for _, report in reports)
         print(f"report: {args.output} ({verdicts or 'no run audited'})")
-    elif written:
+    elif text:
         print(text)
+    if refused is not None:
+        raise refused
     return 2 if failed else 0
 
 
 def _joined(reports: list[tuple[str, str]], form: str, *, several: bool) -> str:
     """One rendered report as it is; several, each named by its run: text and Markdown under
     a title line, JSON as a list."""
+    if not reports:  # none could be audited: JSON is still a document
+        return "[]" if form == "json" else ""
     if not several:
-        return reports[0][1] if reports else ""
+        return reports[0][1]
     if form == "json":
-        return "[\n" + ",\n".join(text for _, text in reports) + "\n]" if reports else "[]"
+        return "[\n" + ",\n".join(text for _, text in reports) + "\n]"
     title = {"text": "== {} ==", "md": "### {}"}[form]
     name = markdown_text if form == "md" else plain_line  # a folder's name, read as itself
     return "\n\n".join(f"{title.format(name(path))}\n{text}" for path, text in reports)

@@ -24,15 +24,13 @@ import importlib
 import logging
 import os
 import select
-import signal
 import sys
-import threading
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from creditaudit.caller import for_command_line
-from creditaudit.cli import INTERRUPTED, Terminated, interrupted_exit_code
+from creditaudit.cli import INTERRUPTED, interrupted_exit_code, sigterm_interrupts
 from creditaudit.cli.common import refused_together
 from creditaudit.errors import CreditAuditError, GuestError, error_line, unrecorded_note
 from creditaudit.files.safe_files import describe_os_error
@@ -125,27 +123,6 @@ def build_parser() -> argparse.ArgumentParser:
                                        default=argparse.SUPPRESS, help="log debug messages "
                                        "and show the traceback of an unexpected error")
     return parser
-
-
-def _terminate(signum: int, frame: object) -> None:
-    raise Terminated
-
-
-@contextlib.contextmanager
-def sigterm_interrupts() -> Iterator[None]:
-    """While the body runs, SIGTERM interrupts it as Ctrl-C does (a run records
-    'interrupted' and says what it saved). The handler before is put back after, so a
-    caller of :func:`main` in its own process keeps its own; outside the main thread, which
-    alone may set handlers, nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, _terminate)
-    try:
-        yield
-    finally:
-        if previous is not None:  # None: a handler not set from Python, left alone
-            signal.signal(signal.SIGTERM, previous)
 
 
 class PlainFormatter(logging.Formatter):

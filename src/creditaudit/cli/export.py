@@ -16,8 +16,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "results/dfa_residual_penalty/…, results/cifar10/results_cifar10.json, …) "
                     "under OUT. Only files whose runs exist are written; the list of written "
                     "and skipped files (with the runs each missing file needs) is printed and "
-                    "saved as OUT/export_manifest.json; a RESULTS_DIR holding no run records is "
-                    "refused. See docs/experiments.md.")
+                    "saved as OUT/export_manifest.json; a RESULTS_DIR holding no run records "
+                    "it can read is refused. See docs/experiments.md.")
     parser.add_argument("results_dir", metavar="RESULTS_DIR", type=folder,
                         help="folder holding run folders (the --out of train/sweep/experiment)")
     parser.add_argument("out", metavar="OUT", type=folder, help="folder to write the layout into")

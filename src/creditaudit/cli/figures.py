@@ -46,17 +46,17 @@ def add_index_options(parser: argparse.ArgumentParser) -> None:
 
 def read_index(args: argparse.Namespace, doing: str) -> RunIndex:
     """The runs below RESULTS_DIR as the index options ask (shared with ``creditaudit
-    report``); a folder below which no record lies — readable or not — is refused in one line
-    (ConfigError) before anything is written: a mistyped folder is not "nothing to
-    ``doing``"."""
+    report``); a folder below which no readable record lies (none at all: a mistyped folder;
+    or only unreadable ones, each named in a warning) is refused in one line (ConfigError)
+    before anything is written: it is not "nothing to ``doing``"."""
     from creditaudit.errors import ConfigError
     from creditaudit.records.files import no_runs_in
     from creditaudit.results import RunIndex
 
     index = RunIndex.from_dir(args.results, dataset=args.dataset,
                               frozen_from_runs=args.frozen_from_runs)
-    if not len(index) and not index.skipped:  # unreadable records are reported, by path
-        raise ConfigError(no_runs_in(Path(args.results), doing))
+    if not len(index):
+        raise ConfigError(no_runs_in(Path(args.results), doing, len(index.skipped)))
     return index
 
 

@@ -298,13 +298,25 @@ def check_held_out_split(spec: DatasetSpec[Any], dataset: Dataset) -> None:
     memorisation as test accuracy."""
     if HELD_OUT_CHECK in getattr(spec, "expected_failures", {}):
         return
+    problem = held_out_refusal(spec, dataset)
+    if problem is not None:
+        raise LoadedDataError(problem)
+
+
+def held_out_refusal(spec: DatasetSpec[Any], dataset: Dataset) -> str | None:
+    """Why the test split of ``dataset`` (as ``spec`` loaded it) is not held out, as one
+    line naming what was read — a file dataset's folder and the files its test split is
+    read from (``test_files``) — or None when it is held out; what a load refuses
+    (:func:`check_held_out_split`) and the conformance check ``test_split_is_held_out``
+    asserts, whatever ``spec`` declares."""
     files = spec.test_files if isinstance(spec, FileDataset) else None
     problem = held_out_problem(dataset.train_x, dataset.train_y, dataset.test_x,
                                dataset.test_y, files=files)
-    if problem is not None:
-        where = (f"{spec.name} folder {spec.folder()}" if isinstance(spec, FileDataset)
-                 else f"the data {spec.name} loaded")
-        raise LoadedDataError(f"{where}: {problem}")
+    if problem is None:
+        return None
+    where = (f"{spec.name} folder {spec.folder()}" if isinstance(spec, FileDataset)
+             else f"the data {spec.name} loaded")
+    return f"{where}: {problem}"
 
 
 def check_sizes(spec: DatasetSpec[Any], dataset: Dataset) -> None:
@@ -382,5 +394,5 @@ def data_dir(options: Any) -> Any:
 __all__ = ["Dataset", "DatasetSpec", "GeneratedDataset", "FileDataset", "DATASETS",
            "InMemoryLoader", "EVAL_SUBSET_SEED", "load_dataset", "check_declared", "check_loaded",
            "check_sizes", "check_train_subset", "check_same_files", "check_handed",
-           "check_normalisation", "check_held_out_split",
+           "check_normalisation", "check_held_out_split", "held_out_refusal",
            "make_teacher_student", "data_dir", "dataset_spec", "register"]

@@ -242,11 +242,16 @@ def _run_without_record(folder: Path) -> str:
             "wait for it, or start that run again")
 
 
-def no_runs_in(folder: Path, doing: str = "report") -> str:
+def no_runs_in(folder: Path, doing: str = "report", unreadable: int = 0) -> str:
     """The one-line refusal for a results folder below which no record lies (``report``,
     ``figures`` or ``export`` of an empty folder, a mistyped one, one holding only a
-    researcher's config.toml, or only a starting run's init.pt); ``doing``: what there is
-    nothing to do ("report", "draw", "export")."""
+    researcher's config.toml, or only a starting run's init.pt), or none that could be read
+    (``unreadable``: how many were left out, each already named in a warning); ``doing``:
+    what there is nothing to do ("report", "draw", "export")."""
+    if unreadable:
+        return (f"{folder} holds {counted(unreadable, 'run record')} but none that could be "
+                f"read (each named in a warning above), so there is nothing to {doing}: "
+                "repair or replace them, or pass the folder your runs were written to")
     why = _run_without_record(folder)
     return (f"{folder} holds no run records ({RECORD_FILE} below it), so there is nothing to "
             f"{doing}" + (f": {why}" if why else ": pass the folder your runs were written to "

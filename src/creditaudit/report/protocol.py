@@ -82,6 +82,13 @@ def reference_line(judged: Judgement) -> str | None:
             "against it and marked (unverified)")
 
 
+def verdict_text(report: DiagnosticReport) -> str:
+    """What the report's verdict reads: for an audited frozen-blocks run, what the tables and
+    figures say of it in place of a verdict (metadata ``baseline``, from
+    :func:`~creditaudit.protocol.records.baseline_text`), else its judgement's."""
+    return report.metadata.get("baseline") or report.judgement.text
+
+
 def checkpoint_line(metadata: dict[str, Any]) -> str | None:
     """``run status diverged: audited at its last checkpoint, epoch 2`` for a report of
     ``creditaudit audit`` on a run that did not complete (its numbers are not of the run's
@@ -195,7 +202,7 @@ def render_text(report: DiagnosticReport) -> str:
         lines.append(f"  {text(r.label):<4} {text(r.name):<32} {text(value_text(r, judged)):>12} "
                      f"{text(threshold_text(r)):>12}  {text(r.status.upper())}")
         lines.append(f"       {text(r.reason)}")
-    lines.append(f"verdict: {text(judged.text)}")
+    lines.append(f"verdict: {text(verdict_text(report))}")
     lines.append("")
     lines.append(f"  {'layer':>5} {'‖h_l‖':>10} {'growth':>8} {'‖g_l‖':>10} "
                  f"{'cos':>7}  flags")
@@ -240,7 +247,7 @@ def render_markdown(report: DiagnosticReport) -> str:
            text(meta.get("dataset", "—")), text(meta.get("seeds", "—")),
            text(fmt(meta.get("feedback_seed"), "")), fmt(meta.get("headline_acc"), ".3f"),
            gamma, per_layer_gamma, "not given" if frozen is None else f"{frozen:.3f}",
-           *(text(value_text(r, judged)) for r in own), text(judged.text)]
+           *(text(value_text(r, judged)) for r in own), text(verdict_text(report))]
     header = ["method", "credit", "architecture", "terminal LN", "dataset", "seeds",
               "feedback seed", "test acc", "Γ (aggregation)", "per-layer Γ", "frozen acc",
               *(text(r.label) for r in own), VERDICT_COLUMN]
@@ -256,7 +263,7 @@ def render_markdown(report: DiagnosticReport) -> str:
         out.append(f"| {text(r.label)} | {text(r.name)} | {text(value_text(r, judged))} | "
                    f"{text(threshold_text(r))} | {text(r.status)} | {text(r.reason)} |")
     notes = [text(note) for note in (checkpoint_line(meta), reference_line(judged)) if note]
-    out += ["", f"**Verdict: {text(judged.text)}**", "",
+    out += ["", f"**Verdict: {text(verdict_text(report))}**", "",
             *(line for note in notes for line in (note, "")),
             f"Per layer (medians over {meta.get('n_samples', '?')} samples; ‖g_l‖ as "
             "(1/128)·∂CE_i/∂h_l):", "",
@@ -304,7 +311,7 @@ def render_latex(reports: DiagnosticReport | Sequence[DiagnosticReport]) -> str:
             text = ("---" if r is None else "n/e" if r.value is None
                     else _latex_escape(value_text(r, judged)))
             cells.append(f"\\textbf{{{text}}}" if r is not None and r.fired else text)
-        cells.append(_latex_escape(judged.text))
+        cells.append(_latex_escape(verdict_text(report)))
         lines.append(" & ".join(cells) + r" \\")
     return "\n".join([*lines, r"\hline", r"\end{tabular}"])
 

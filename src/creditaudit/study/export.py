@@ -77,6 +77,7 @@ from typing import Any
 from creditaudit.errors import ConfigError
 from creditaudit.protocol.records import RecordSet
 from creditaudit.records import RunRecord
+from creditaudit.records.files import no_runs_in
 from creditaudit.registry import DATASETS
 from creditaudit.study.export_files import (
     ExportResult,
@@ -174,12 +175,15 @@ def export_faeval(results_dir: str | Path, out: str | Path, *, dataset: str | No
 
     ``dataset`` restricts every file but the StudentNet ones to runs on that dataset
     (default: the most paper-like dataset present); ConfigError when it is neither an
-    installed dataset nor one the folder's runs used. Returns what was written and skipped;
-    also writes ``OUT/export_manifest.json``.
+    installed dataset nor one the folder's runs used; also, before anything is written, when
+    every record below ``results_dir`` is unreadable (a folder holding none gives an empty
+    export). Returns what was written and skipped; also writes ``OUT/export_manifest.json``.
     """
     out = Path(out)
     result = ExportResult(out=out)
     found = RecordSet.from_folder(results_dir)
+    if found.skipped and not len(found):
+        raise ConfigError(no_runs_in(Path(results_dir), "export", len(found.skipped)))
     result.unreadable = [f"{path}: {reason}" for path, reason in found.skipped]
     records = list(found.finished)
     result.records_found = len(records)

@@ -58,9 +58,8 @@ from typing import Any
 
 import torch
 
-from creditaudit.data import DATASETS, Dataset, DatasetSpec, check_loaded
+from creditaudit.data import DATASETS, Dataset, DatasetSpec, check_loaded, held_out_refusal
 from creditaudit.data.identity import tensor_digest
-from creditaudit.data.rows import held_out_problem
 from creditaudit.descriptions import DataIdentity
 from creditaudit.testing.common import (
     Check,
@@ -167,7 +166,7 @@ def identity_follows_the_data(cls: type[DatasetSpec], options: Any, other: Any) 
 
 
 def test_split_is_held_out(cls: type[DatasetSpec], options: Any, other: Any) -> None:
-    problem = held_out_problem(*_arrays(_load(cls, options)))
+    problem = held_out_refusal(cls(options), _load(cls, options))
     assert problem is None, problem
 
 

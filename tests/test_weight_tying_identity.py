@@ -80,6 +80,40 @@ def test_a_buffer_shared_between_modules_is_told_from_two():
     assert sharing(shared) == {"buffers": [["0.mean", "1.mean"]]}
 
 
+class OlderSignature(nn.Module):
+    """Overrides ``named_parameters`` and ``named_buffers`` with torch 1.x's signature (no
+    ``remove_duplicate``), as code written then does."""
+
+    def __init__(self, tie: bool = False) -> None:
+        super().__init__()
+        self.a, self.b, self.head = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 3)
+        self.register_buffer("scale", torch.ones(8))
+        if tie:
+            self.b.weight = self.a.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.b(torch.tanh(self.a(x) * self.scale))))
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True):  # noqa: ANN201
+        yield from super().named_parameters(prefix=prefix, recurse=recurse)
+
+    def named_buffers(self, prefix: str = "", recurse: bool = True):  # noqa: ANN201
+        yield from super().named_buffers(prefix=prefix, recurse=recurse)
+
+
+def test_a_network_overriding_named_parameters_keeps_its_identity(tmp_path):
+    """Such a network's Recorder raised TypeError (named_parameters() got an unexpected
+    keyword argument 'remove_duplicate') where it had recorded before the sharing was
+    counted; its tying is still told apart."""
+    assert sharing(OlderSignature()) == {}
+    assert structure_digest(OlderSignature()) == structure_digest(OlderSignature(), shared=False)
+    assert sharing(OlderSignature(tie=True)) == {"parameters": [["a.weight", "b.weight"]]}
+    x, y = torch.randn(32, 8), torch.randint(0, 3, (32,))
+    model = adapt(OlderSignature(), ["a", "b"], input_shape=(8,))
+    recorder = Recorder(rule("bp", model), x, y, out=tmp_path, progress=False)
+    assert recorder.run_dir.is_dir()
+
+
 def test_a_recorder_gives_networks_tying_other_layers_two_runs(tmp_path):
     generator = torch.Generator().manual_seed(3)
     x, y = torch.randn(64, 8, generator=generator), torch.randint(0, 3, (64,),

@@ -31,6 +31,7 @@ import inspect
 import json
 import re
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -68,10 +69,21 @@ def sharing(net: nn.Module) -> dict[str, list[list[str]]]:
     ``nn.Tanh`` placed twice in an ``nn.Sequential``), the names of each object sorted and
     the groups sorted, so the same in any process; the kinds without any left out (``{}``
     for a network that shares nothing). ``named_modules`` lists such an object once, under
-    its first name, so the module tree alone does not say where else it is used."""
-    found = {kind: _groups(named(remove_duplicate=False)) for kind, named in (
-        ("modules", net.named_modules), ("parameters", net.named_parameters),
-        ("buffers", net.named_buffers))}
+    its first name, so the module tree alone does not say where else it is used.
+
+    Read from what the modules hold (``nn.Module``'s own walk and each module's
+    ``_parameters`` and ``_buffers``, as ``named_parameters`` reads them), not through a
+    network's overrides of ``named_parameters`` or ``named_buffers``, which may take no
+    ``remove_duplicate`` (torch before 2.0's signature) or leave tensors out."""
+    modules = list(nn.Module.named_modules(net, remove_duplicate=False))
+
+    def held(kind: str) -> Iterator[tuple[str, Any]]:
+        for prefix, module in modules:
+            for name, value in getattr(module, kind).items():
+                yield (f"{prefix}.{name}" if prefix else name), value
+
+    found = {"modules": _groups(modules), "parameters": _groups(held("_parameters")),
+             "buffers": _groups(held("_buffers"))}
     return {kind: groups for kind, groups in found.items() if groups}
 
 

@@ -94,7 +94,7 @@ def test_an_edited_factory_is_refused_by_audit_and_the_restored_one_audited(tmp_
     line = _one_line_error(edited)
     assert "model factory 'mynet:make'" in line and run_dir.name in line
     assert "restore the code the run was trained with" in line and "train it again" in line
-    assert edited.stdout == ""  # no report of the relu network
+    assert edited.stdout == "[]\n"  # no report of the relu network: none audited
     (tmp_path / "mynet.py").write_text(NET)  # the code it trained with: audited as before
     restored = cli(None, *audit, cwd=tmp_path)
     assert restored.returncode == 0, restored.stderr

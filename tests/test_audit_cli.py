@@ -314,6 +314,12 @@ def test_audit_refuses_an_unfinished_frozen_run_and_its_advice_works(tmp_path, c
     (frozen,) = [p for p in root.iterdir() if str(p) != dfa]
     assert (frozen / RECORD_FILE).exists()
     capsys.readouterr()
+    # Audited itself (at its last checkpoint), it is no baseline of (d): its verdict read
+    # 'baseline of (d)', where the tables say '— (run interrupted)' and --frozen refuses it.
+    assert main(["audit", str(frozen), "--no-metrics", "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "run status interrupted: audited at its last checkpoint, epoch 1" in out
+    assert "baseline of (d)" not in out.split("verdict: ")[1].splitlines()[0]
     assert main(["audit", dfa, "--frozen", str(frozen), "--no-metrics"]) == 2
     config = frozen / "config.toml"
     assert _one_line_error(capsys) == (

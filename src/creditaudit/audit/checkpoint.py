@@ -273,7 +273,8 @@ def audit_run(path: str | Path, *, frozen: str | float | Path | None = None,
             log.warning("%s is a frozen-blocks run, the baseline of (d) itself: --frozen "
                         "is not applied to it", path)
         frozen_hint = SELF_BASELINE_HINT
-        metadata["baseline"] = baseline_text(record)  # its verdict, as the tables say it
+        if record.is_finished:  # its verdict, as the tables say it (not of a run cut short)
+            metadata["baseline"] = baseline_text(record)
     elif frozen is not None:
         frozen_acc = frozen_accuracy(frozen, record)
     else:

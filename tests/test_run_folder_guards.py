@@ -196,9 +196,18 @@ def test_a_record_changed_after_it_was_written_is_never_served_audited_or_report
         assert code == 2
         line = assert_one_line_error(out, err, str(record_file), "changed after", "--force")
         assert line.count("--force") == 1
-        # report lists it among the unreadable records, with the reason
+        # report lists it among the unreadable records, with the reason (beside a readable
+        # record: a folder of only unreadable ones has nothing to report, and is refused)
         code, out, err = run_cli(capsys, ["report", str(run_dir.parent), "--out",
                                           str(tmp_path / change / "rep")])
+        assert code == 2 and "holds 1 run record but none that could be read" in err, err
+        beside = run_dir.parent / "legacy" / "record.json"
+        beside.parent.mkdir()
+        beside.write_bytes((Path(__file__).parent / "legacy_records" / "run1_dfa.json")
+                           .read_bytes())
+        code, out, err = run_cli(capsys, ["report", str(run_dir.parent), "--out",
+                                          str(tmp_path / change / "rep")])
+        shutil.rmtree(beside.parent)
         assert code == 0, err
         assert "changed after creditaudit wrote it" in (
             tmp_path / change / "rep" / "report.md").read_text()

@@ -106,9 +106,32 @@ def test_audit_names_frozen_when_its_run_is_missing(runs, capsys, tmp_path):
     dfa = str(runs["dfa"].run_dir)
     assert main(["audit", dfa, dfa, "--frozen", "34,9", "--no-metrics", "-q"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert lines == [f"creditaudit: error: {dfa}: --frozen 34,9 is neither an accuracy "
+    # the option's error, said once before any run is read
+    assert lines == ["creditaudit: error: --frozen 34,9 is neither an accuracy "
                      "fraction in [0, 1] (e.g. 0.349) nor a frozen run: no run record at "
-                     "34,9: pass a run folder that holds record.json or the file itself"] * 2
+                     "34,9: pass a run folder that holds record.json or the file itself"]
+
+
+@pytest.mark.parametrize("flag", [["--frozen", "74.1"], ["--frozen", "nosuch-run"],
+                                  ["--data-dir", "no-such-folder"],
+                                  ["--device", "cuda"]])
+def test_an_option_s_error_writes_nothing(runs, capsys, tmp_path, monkeypatch, flag):
+    """Since one refused run gives `[]` in --output, a bad option did too: `audit RUN
+    --frozen 74.1 --format json --output out.json` replaced an earlier report by `[]` and
+    said `report: out.json (no run audited)`, as if RUN had been refused. An option's own
+    error is the call's, as docs/reliability.md promises of bad input: one line, exit 2,
+    nothing printed on stdout, no file changed."""
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    out_file = tmp_path / "report.json"
+    out_file.write_text("an earlier call's report")
+    dfa = str(runs["dfa"].run_dir)
+    for paths in ([dfa], [dfa, dfa]):
+        assert main(["audit", *paths, *flag, "--no-metrics", "-q", "--format", "json",
+                     "--output", str(out_file)]) == 2
+        assert f"error: {flag[0]}" in _one_line_error(capsys)
+        assert out_file.read_text() == "an earlier call's report"
+        assert main(["audit", *paths, *flag, "--no-metrics", "-q", "--format", "json"]) == 2
+        assert capsys.readouterr().out == ""
 
 
 def test_audit_rejects_a_frozen_run_of_another_architecture(runs, capsys):
@@ -291,6 +314,12 @@ def test_audit_refuses_an_unfinished_frozen_run_and_its_advice_works(tmp_path, c
     (frozen,) = [p for p in root.iterdir() if str(p) != dfa]
     assert (frozen / RECORD_FILE).exists()
     capsys.readouterr()
+    # Audited itself (at its last checkpoint), it is no baseline of (d): its verdict read
+    # 'baseline of (d)', where the tables say '— (run interrupted)' and --frozen refuses it.
+    assert main(["audit", str(frozen), "--no-metrics", "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "run status interrupted: audited at its last checkpoint, epoch 1" in out
+    assert "baseline of (d)" not in out.split("verdict: ")[1].splitlines()[0]
     assert main(["audit", dfa, "--frozen", str(frozen), "--no-metrics"]) == 2
     config = frozen / "config.toml"
     assert _one_line_error(capsys) == (

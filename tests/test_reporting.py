@@ -7,6 +7,8 @@ import base64
 import json
 import re
 import shutil
+import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -32,6 +34,7 @@ from creditaudit.report.folder import (
     write_report,
 )
 from creditaudit.report.html import compact_png, markdown_to_html
+from creditaudit.report.settings import differing_settings
 from creditaudit.results import RunIndex
 from creditaudit.run.trainer import train
 from integrity_support import as_written
@@ -672,3 +675,29 @@ def test_a_plugins_declared_failures_are_named_in_the_report(results):
     assert markdown.count("by design:") == 1  # the plain run declares nothing
     page = markdown_to_html(markdown)
     assert "hides a &lt;b&gt;LN&lt;/b&gt; | by design" in page
+
+
+def test_a_factory_given_an_argument_and_not_reads_apart(results):
+    """Since an option only some runs have brought no column beside runs without it, two
+    runs alike in every fixed column read alike too: two runs of one factory, one given
+    model.args.d = 8 and one no model.args (or another argument, model.args.n = 2), gave
+    identical rows (no model.args column: each key was held by one run only). The absence
+    is told apart where no fixed column does it."""
+    dfa = RunRecord.from_dict(first(results, "dfa"))
+    factory = {"model.arch": "module",
+               "model.factory": "creditaudit.testing.zoo:TransformerClassifier"}
+
+    def of(run_id: str, args: dict | None) -> RunRecord:
+        with warnings.catch_warnings():  # model.d, model.n_blocks: not the factory's
+            warnings.simplefilter("ignore")
+            return replace(dfa, run_id=run_id,
+                           config=dfa.config.replace(**factory, **{"model.args": args}))
+
+    for other in (None, {"n": 2}):
+        runs = [of("given-d", {"d": 8}), of("other", other)]
+        assert differing_settings(runs), other
+        index = RunIndex.from_records(runs)
+        audit = audit_table(index, index.runs)
+        cells = [" ".join(str(row.get(c)) for c in audit.columns if c.startswith("model.args")
+                          or c == "settings") for row in audit.rows]
+        assert len(set(cells)) == 2, (audit.columns, cells)

@@ -174,7 +174,7 @@ def test_a_sweep_keeps_a_killed_runs_log_and_says_what_works_for_it(finished, tm
 
 # --- 6. a record changed after it was written ---------------------------------------------
 def test_a_record_changed_after_it_was_written_is_never_served_audited_or_reported(
-        finished, tmp_path, capsys, caplog):
+        finished, tmp_path, capsys):
     from creditaudit.errors import RunRecordError
     from creditaudit.run.trainer import train
 
@@ -196,15 +196,21 @@ def test_a_record_changed_after_it_was_written_is_never_served_audited_or_report
         assert code == 2
         line = assert_one_line_error(out, err, str(record_file), "changed after", "--force")
         assert line.count("--force") == 1
-        # report names it among the unreadable records, with the reason, and, having
-        # no other record to read, writes nothing
-        caplog.clear()
+        # report lists it among the unreadable records, with the reason (beside a readable
+        # record: a folder of only unreadable ones has nothing to report, and is refused)
         code, out, err = run_cli(capsys, ["report", str(run_dir.parent), "--out",
                                           str(tmp_path / change / "rep")])
-        assert code == 2, err
-        assert "changed after creditaudit wrote it" in caplog.text  # the warning
-        assert "none that could be read" in err
-        assert not (tmp_path / change / "rep").exists()
+        assert code == 2 and "holds 1 run record but none that could be read" in err, err
+        beside = run_dir.parent / "legacy" / "record.json"
+        beside.parent.mkdir()
+        beside.write_bytes((Path(__file__).parent / "legacy_records" / "run1_dfa.json")
+                           .read_bytes())
+        code, out, err = run_cli(capsys, ["report", str(run_dir.parent), "--out",
+                                          str(tmp_path / change / "rep")])
+        shutil.rmtree(beside.parent)
+        assert code == 0, err
+        assert "changed after creditaudit wrote it" in (
+            tmp_path / change / "rep" / "report.md").read_text()
         assert snapshot(run_dir) == before
     # --force trains it again
     result = train(config.replace(**{"run.progress": False}), force=True)

@@ -124,20 +124,63 @@ def with_data_dir(record: RunRecord, path: Path, data_dir: str | Path | None) ->
             given = Option(f"--data-dir {data_dir}", f"data_dir={str(data_dir)!r}")
             raise ConfigError(f"{given}: {err}") from None
     folder = getattr(config.data, "data_dir", None)
-    if isinstance(folder, str) and not Path(folder).expanduser().is_dir():
-        where = "" if Path(folder).expanduser().is_absolute() else f" (relative to {Path.cwd()})"
-        state = "is not a folder" if Path(folder).expanduser().exists() else "does not exist"
-        given = (f"{Option('--data-dir', 'data_dir')}" if data_dir is not None
-                 else f"run {path.absolute().parent.name} trained on")  # "." has no name
-        raise DataError(f"{given} data folder {folder}{where} {state}: pass {DATA_DIR_FIX} "
-                        "pointing at the run's data (checked against its recorded digests)")
+    if isinstance(folder, str):
+        check_data_folder(folder, f"{Option('--data-dir', 'data_dir')}" if data_dir is not None
+                          else f"run {path.absolute().parent.name} trained on")  # "." no name
     return replace(record, config=config) if config is not record.config else record
+
+
+def check_flags(*, frozen: str | float | Path | None, device: str,
+                data_dir: str | Path | None) -> None:
+    """What an audit's options say, checked before any run is read: a refusal here is the
+    call's (one line, nothing written), not one run's. ``frozen``'s fraction or finished
+    run (:func:`given_frozen`), ``device`` there, ``data_dir`` a folder."""
+    resolve_device(device, option="device")
+    if frozen is not None:
+        given_frozen(frozen)
+    if data_dir is not None:
+        check_data_folder(str(data_dir), Option("--data-dir", "data_dir"))
+
+
+def check_data_folder(folder: str, given: str) -> None:
+    """DataError (one line) when ``folder``, the data folder ``given`` names, is not one."""
+    if Path(folder).expanduser().is_dir():
+        return
+    where = "" if Path(folder).expanduser().is_absolute() else f" (relative to {Path.cwd()})"
+    state = "is not a folder" if Path(folder).expanduser().exists() else "does not exist"
+    raise DataError(f"{given} data folder {folder}{where} {state}: pass {DATA_DIR_FIX} "
+                    "pointing at the run's data (checked against its recorded digests)")
 
 
 def frozen_accuracy(text: str | float | Path, record: RunRecord) -> float:
     """An accuracy fraction from ``--frozen``: a number in [0, 1] (or its text) or a frozen
     run's folder or record.json (which must share the audited run's recipe: data, model and
     its code, optimiser, precision)."""
+    acc, frozen = given_frozen(text)
+    if frozen is None:
+        return acc
+    difference = recipe_difference(frozen, record)
+    if difference is not None:
+        raise ConfigError(f"--frozen run {text} differs from the audited run in {difference}: "
+                          "a frozen baseline must share the data, model (and its code), "
+                          "optimiser and precision")
+    if not is_frozen_baseline(frozen):
+        log.warning("--frozen run %s was trained with method %r, not 'frozen'", text,
+                    frozen.method)
+    if frozen.stopped_early:
+        log.warning("--frozen run %s stopped early at epoch %s of optim.epochs=%d: its "
+                    "accuracy is of a readout trained for fewer epochs than its recipe's",
+                    text, frozen.stopped_early.get("epoch"), frozen.config.optim.epochs)
+    if frozen.status == "diverged":
+        log.warning("--frozen run %s diverged in epoch %s: its accuracy is of its last finite "
+                    "epoch", text, (frozen.divergence or {}).get("epoch"))
+    return acc
+
+
+def given_frozen(text: str | float | Path) -> tuple[float, RunRecord | None]:
+    """``--frozen`` read as itself, whatever run it is for: (an accuracy fraction in
+    [0, 1], None), or (final accuracy, record) of a finished run; one-line errors
+    otherwise."""
     if isinstance(text, bool) or not isinstance(text, str | int | float | Path):
         raise ConfigError(f"--frozen (frozen=) must be an accuracy fraction in [0, 1] or a "
                           f"frozen run's folder, got {type(text).__name__} {text!r:.40}")
@@ -151,7 +194,7 @@ def frozen_accuracy(text: str | float | Path, record: RunRecord) -> float:
         if not 0.0 <= value <= 1.0:
             raise ConfigError(f"--frozen {text} is not an accuracy fraction in [0, 1]: pass "
                               "e.g. 0.349 (not 34.9) or a frozen run's folder")
-        return value
+        return value, None
     try:
         frozen = load_record(text)
     except RunRecordError as err:  # said of --frozen, not of the audited run
@@ -168,25 +211,10 @@ def frozen_accuracy(text: str | float | Path, record: RunRecord) -> float:
                              f"of {frozen.epochs} "
                              f"epochs done), so it has no final test accuracy: {finish}, "
                              "then audit again")
-    difference = recipe_difference(frozen, record)
-    if difference is not None:
-        raise ConfigError(f"--frozen run {text} differs from the audited run in {difference}: "
-                          "a frozen baseline must share the data, model (and its code), "
-                          "optimiser and precision")
-    if not is_frozen_baseline(frozen):
-        log.warning("--frozen run %s was trained with method %r, not 'frozen'", text,
-                    frozen.method)
-    if frozen.stopped_early:
-        log.warning("--frozen run %s stopped early at epoch %s of optim.epochs=%d: its "
-                    "accuracy is of a readout trained for fewer epochs than its recipe's",
-                    text, frozen.stopped_early.get("epoch"), frozen.config.optim.epochs)
-    if frozen.status == "diverged":
-        log.warning("--frozen run %s diverged in epoch %s: its accuracy is of its last finite "
-                    "epoch", text, (frozen.divergence or {}).get("epoch"))
     acc = frozen.final_acc
     if acc is None:
         raise RunRecordError(f"--frozen run {text} has no finished epoch with a test accuracy")
-    return acc
+    return acc, frozen
 
 
 def frozen_baseline_beside(record: RunRecord, folder: Path) -> tuple[float, int] | None:
@@ -225,6 +253,7 @@ def audit_run(path: str | Path, *, frozen: str | float | Path | None = None,
     ``metrics``) ρ, nudging and, for FA/DFA, the fresh-feedback null.
     """
     say = progress or (lambda text: None)
+    check_flags(frozen=frozen, device=device, data_dir=data_dir)
     target = resolve_device(device, option="device")
     # every check of the user's files comes before the first stage
     run = load_run(path, data_dir=data_dir)
@@ -244,7 +273,8 @@ def audit_run(path: str | Path, *, frozen: str | float | Path | None = None,
             log.warning("%s is a frozen-blocks run, the baseline of (d) itself: --frozen "
                         "is not applied to it", path)
         frozen_hint = SELF_BASELINE_HINT
-        metadata["baseline"] = baseline_text(record)  # its verdict, as the tables say it
+        if record.is_finished:  # its verdict, as the tables say it (not of a run cut short)
+            metadata["baseline"] = baseline_text(record)
     elif frozen is not None:
         frozen_acc = frozen_accuracy(frozen, record)
     else:

@@ -70,6 +70,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from creditaudit.audit import audit_run
+    from creditaudit.audit.checkpoint import check_flags
     from creditaudit.errors import CreditAuditError, OutputError
     from creditaudit.files.safe_files import atomic_write_bytes, check_output_file
     from creditaudit.records import check_not_run_file
@@ -86,6 +87,10 @@ def run(args: argparse.Namespace) -> int:
     def progress(text: str) -> None:
         print(f"audit: {plain_line(text)}", file=sys.stderr, flush=True)
 
+    # The options' own errors are the call's: refused before anything is written (a run's
+    # refusal, below, is this call's result: no report, `[]` in JSON).
+    with refusals_in_flags(device_flag):
+        check_flags(frozen=args.frozen, device=args.device, data_dir=args.data_dir)
     reports, failed, refused = [], 0, None
     for run_path in args.run_paths:
         if several and not args.quiet:

@@ -115,7 +115,6 @@ def factory_guest(path: str) -> Guest | None:
     return make_guest(f"model factory {path!r}", *found)
 
 
-
 def _check_names(value: Any, key: str, minimum: int) -> None:
     if not (isinstance(value, list | tuple) and len(value) >= minimum
             and all(isinstance(n, str) and n for n in value)):

@@ -78,23 +78,32 @@ def run_settings(run: RunRecord) -> dict[str, str]:
 def differing_settings(runs: Sequence[RunRecord]) -> list[str]:
     """The settings whose text differs between ``runs`` and that no fixed column shows, in
     config order. A setting some runs do not have — an option of one rule, dataset or
-    architecture (``method.bridge_hidden`` beside BP) — differs only where the runs that
-    have it differ (the rule's, dataset's or architecture's column already tells the others
-    apart). The data source (model code) counts only where no ``data.*`` (``model.*``)
-    setting differs (else it differs because they do), the rule code only where runs of one
-    rule differ in it (two rules' codes differ because the rules do); a record without a
-    model dtype (before it was kept) held float32, as its recipe says, so it differs only
-    from another dtype."""
+    architecture (``method.bridge_hidden`` beside BP) — differs where the runs that have it
+    differ, and where a run without it is alike in every fixed column to one with it (else
+    the rule's, dataset's or architecture's column already tells them apart). The data
+    source (model code) counts only where no ``data.*`` (``model.*``) setting differs (else
+    it differs because they do), the rule code only where runs of one rule differ in it (two
+    rules' codes differ because the rules do); a record without a model dtype (before it
+    was kept) held float32, as its recipe says, so it differs only from another dtype."""
     table = [run_settings(run) for run in runs]
     keys = list(dict.fromkeys(key for settings in table for key in settings))
 
     def text(settings: dict[str, str], key: str) -> str:
         return settings.get(key, LEGACY_DTYPE if key == MODEL_DTYPE else "—")
 
+    # What the fixed columns show of each run: runs alike there are told apart by no column
+    shown = [tuple(settings.get(key) for key in sorted(SHOWN_SETTINGS)) for settings in table]
+
     def values(key: str) -> set[str]:
         if key in (MODEL_DTYPE, RULE_CODE):  # absent: float32; a built-in rule's code
             return {text(settings, key) for settings in table}
-        return {settings[key] for settings in table if key in settings}
+        having = {row for row, settings in zip(shown, table, strict=True) if key in settings}
+        lacking = {row for row, settings in zip(shown, table, strict=True)
+                   if key not in settings}
+        # absent beside a run it is not told apart from (one factory given model.args.d
+        # and not; a rule's option an older record lacks): '—' differs from its value
+        return {settings[key] for settings in table if key in settings} \
+            | ({text({}, key)} if having & lacking else set())
 
     differ = [key for key in keys if key not in SHOWN_SETTINGS and len(values(key)) > 1]
     if any(key.startswith("data.") for key in differ):

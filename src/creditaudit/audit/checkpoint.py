@@ -131,15 +131,17 @@ def with_data_dir(record: RunRecord, path: Path, data_dir: str | Path | None) ->
 
 
 def check_flags(*, frozen: str | float | Path | None, device: str,
-                data_dir: str | Path | None) -> None:
+                data_dir: str | Path | None) -> torch.device:
     """What an audit's options say, checked before any run is read: a refusal here is the
     call's (one line, nothing written), not one run's. ``frozen``'s fraction or finished
-    run (:func:`given_frozen`), ``device`` there, ``data_dir`` a folder."""
-    resolve_device(device, option="device")
+    run (:func:`given_frozen`), ``device`` there (returned, resolved), ``data_dir`` a
+    folder."""
+    target = resolve_device(device, option="device")
     if frozen is not None:
         given_frozen(frozen)
     if data_dir is not None:
         check_data_folder(str(data_dir), Option("--data-dir", "data_dir"))
+    return target
 
 
 def check_data_folder(folder: str, given: str) -> None:
@@ -253,8 +255,7 @@ def audit_run(path: str | Path, *, frozen: str | float | Path | None = None,
     ``metrics``) ρ, nudging and, for FA/DFA, the fresh-feedback null.
     """
     say = progress or (lambda text: None)
-    check_flags(frozen=frozen, device=device, data_dir=data_dir)
-    target = resolve_device(device, option="device")
+    target = check_flags(frozen=frozen, device=device, data_dir=data_dir)
     # every check of the user's files comes before the first stage
     run = load_run(path, data_dir=data_dir)
     record, config = run.record, run.record.config

@@ -125,12 +125,11 @@ def recipes_note(pairs: list[tuple[RunRecord, DiagnosticReport]]) -> str | None:
     """``Recipes: 2 differs from 1 in optim.lr: 50.0 vs 0.001.`` for the recipe numbers
     the columns carry (:func:`recipe_numbers`), None where they carry none."""
     numbers = recipe_numbers(pairs)
+    if not numbers:
+        return None
     firsts: dict[int, RunRecord] = {}
     for run, _ in pairs:
-        if numbers:
-            firsts.setdefault(numbers[id(run)], run)
-    if not firsts:
-        return None
+        firsts.setdefault(numbers[id(run)], run)
     return "Recipes: " + "; ".join(f"{n} differs from 1 in {setting_difference(run, firsts[1])}"
                                    for n, run in sorted(firsts.items()) if n > 1) + "."
 
